@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Build the local control plane from upstream Go modules into a cache outside the repository.
+#
+#   hack/controlplane/build.sh [apiserver|cluster|all]
+#
+#   apiserver  etcd + kube-apiserver (default; what the tests need)
+#   cluster    also kube-controller-manager, kube-scheduler and kwok
+#   all        also Kubeflow's notebook-controller
+#
+# Environment:
+#   KF_CULLER_K8S_VERSION  Kubernetes release to build       (default v1.37.2)
+#   KF_CULLER_ETCD_VERSION etcd release to build             (default v3.6.16)
+#   KF_CULLER_KWOK_VERSION kwok release to build             (default v0.7.0)
+#   KF_CULLER_NBC_VERSION  notebook-controller pseudo-version (default: the v1.11.0 commit)
+#   KF_CULLER_BIN_DIR      where binaries go (default ~/.cache/kf-culler/bin/<k8s-version>)
+#
+# Idempotent: a binary that is already present with a matching .version stamp is not rebuilt.
+# Prints the directory holding the binaries as its last line.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+set_name=${1:-apiserver}
+K8S_VERSION=${KF_CULLER_K8S_VERSION:-v1.37.2}
+ETCD_VERSION=${KF_CULLER_ETCD_VERSION:-v3.6.16}
+KWOK_VERSION=${KF_CULLER_KWOK_VERSION:-v0.7.0}
+NBC_VERSION=${KF_CULLER_NBC_VERSION:-}
+BIN_DIR=${KF_CULLER_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kf-culler/bin/$K8S_VERSION}
+BUILD_ROOT=$(dirname "$BIN_DIR")/../build
+
+log() { printf '[controlplane] %s\n' "$*" >&2; }
+die() { printf '[controlplane] error: %s\n' "$*" >&2; exit 1; }
+
+command -v go >/dev/null 2>&1 || die "Go is not installed or not on PATH; install Go >= 1.26 (https://go.dev/doc/install) and run again"
+command -v python3 >/dev/null 2>&1 || die "python3 is needed to read the upstream go.mod"
+mkdir -p "$BIN_DIR" "$BUILD_ROOT"
+BUILD_ROOT=$(cd "$BUILD_ROOT" && pwd)
+export GOFLAGS="${GOFLAGS:-} -mod=mod"
+export CGO_ENABLED=0
+
+# have NAME VERSION: true when BIN_DIR/NAME exists and was built from VERSION
+have() { [ -x "$BIN_DIR/$1" ] && [ "$(cat "$BIN_DIR/$1.version" 2>/dev/null)" = "$2" ]; }
+stamp() { printf '%s\n' "$2" > "$BIN_DIR/$1.version"; }
+timed() { local t0=$SECONDS; "$@"; log "  done in $((SECONDS - t0)) s"; }
+
+build_etcd() {
+  have etcd "$ETCD_VERSION" && { log "etcd $ETCD_VERSION: cached"; return; }
+  local dir="$BUILD_ROOT/etcd-$ETCD_VERSION"
+  log "etcd $ETCD_VERSION: preparing wrapper module in $dir"
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp "$here/etcd/main.go" "$dir/main.go"
+  (cd "$dir" && go mod init kfculler.local/etcd >/dev/null 2>&1 \
+     && go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION" \
+     && log "etcd: downloading modules" && go mod tidy \
+     && log "etcd: compiling" \
+     && go build -trimpath -o "$BIN_DIR/etcd" .)
+  stamp etcd "$ETCD_VERSION"
+}
+
+# The k8s.io/kubernetes go.mod points its staging modules at ./staging; a consumer must pin each to
+# the matching published v0.<minor>.<patch>. The list is read from the upstream go.mod itself.
+k8s_wrapper() {
+  local dir="$BUILD_ROOT/kubernetes-$K8S_VERSION"
+  if [ -f "$dir/.ready" ]; then echo "$dir"; return; fi
+  log "kubernetes $K8S_VERSION: preparing wrapper module in $dir"
+  rm -rf "$dir" && mkdir -p "$dir"
+  local gomod
+  gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("GoMod") or sys.exit(d.get("Error","no GoMod")))') \
+    || die "the Go module proxy did not serve k8s.io/kubernetes@$K8S_VERSION"
+  local staging_version="v0.${K8S_VERSION#v1.}"
+  (cd "$dir" && go mod init kfculler.local/kubernetes >/dev/null 2>&1)
+  local args=("-require=k8s.io/kubernetes@$K8S_VERSION")
+  while read -r mod; do
+    args+=("-replace=$mod=$mod@$staging_version")
+  done < <(go mod edit -json "$gomod" | python3 -c '
+import json, sys
+for r in json.load(sys.stdin).get("Replace") or []:
+    if r["New"]["Path"].startswith("./staging/"):
+        print(r["Old"]["Path"])')
+  log "kubernetes: pinning $(( ${#args[@]} - 1 )) staging modules to $staging_version"
+  (cd "$dir" && go mod edit "${args[@]}")
+  printf 'package tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n' > "$dir/tools.go"
+  log "kubernetes: downloading modules (the first time this takes several minutes)"
+  (cd "$dir" && go mod tidy >&2)
+  touch "$dir/.ready"
+  echo "$dir"
+}
+
+build_k8s() { # build_k8s NAME
+  local name=$1
+  have "$name" "$K8S_VERSION" && { log "$name $K8S_VERSION: cached"; return; }
+  local dir; dir=$(k8s_wrapper)
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local pkg=k8s.io/component-base/version
+  log "$name $K8S_VERSION: compiling (cold: several minutes on 2 cores)"
+  (cd "$dir" && go get "k8s.io/kubernetes/cmd/$name" >/dev/null 2>&1 || true
+   timed go build -trimpath -o "$BIN_DIR/$name" \
+     -ldflags "-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
+     "k8s.io/kubernetes/cmd/$name")
+  stamp "$name" "$K8S_VERSION"
+}
+
+build_kwok() {
+  have kwok "$KWOK_VERSION" && { log "kwok $KWOK_VERSION: cached"; return; }
+  local dir="$BUILD_ROOT/kwok-$KWOK_VERSION"
+  log "kwok $KWOK_VERSION: building"
+  rm -rf "$dir" && mkdir -p "$dir"
+  (cd "$dir" && go mod init kfculler.local/kwok >/dev/null 2>&1 \
+     && go mod edit -require="sigs.k8s.io/kwok@$KWOK_VERSION" \
+     && printf 'package tools\n\nimport _ "sigs.k8s.io/kwok/cmd/kwok"\n' > tools.go \
+     && go mod tidy >&2 \
+     && timed go build -trimpath -o "$BIN_DIR/kwok" sigs.k8s.io/kwok/cmd/kwok)
+  stamp kwok "$KWOK_VERSION"
+}
+
+build_nbc() {
+  local mod=github.com/kubeflow/notebooks/components/notebook-controller
+  local ver=${NBC_VERSION:-$(cat "$here/notebook-controller.version")}
+  have notebook-controller "$ver" && { log "notebook-controller $ver: cached"; return; }
+  local dir="$BUILD_ROOT/notebook-controller-$ver"
+  log "notebook-controller $ver: building"
+  rm -rf "$dir" && mkdir -p "$dir"
+  (cd "$dir" && go mod init kfculler.local/nbc >/dev/null 2>&1 \
+     && go mod edit -require="$mod@$ver" \
+     && printf 'package tools\n\nimport _ "%s"\n' "$mod" > tools.go \
+     && go mod tidy >&2 \
+     && timed go build -trimpath -o "$BIN_DIR/notebook-controller" "$mod")
+  stamp notebook-controller "$ver"
+}
+
+t0=$SECONDS
+case "$set_name" in
+  apiserver) build_etcd; build_k8s kube-apiserver ;;
+  cluster)   build_etcd; build_k8s kube-apiserver; build_k8s kube-controller-manager; build_k8s kube-scheduler; build_kwok ;;
+  all)       build_etcd; build_k8s kube-apiserver; build_k8s kube-controller-manager; build_k8s kube-scheduler; build_kwok; build_nbc ;;
+  *) die "unknown set '$set_name' (expected apiserver, cluster or all)" ;;
+esac
+log "binaries ready in $BIN_DIR ($((SECONDS - t0)) s)"
+echo "$BIN_DIR"

@@ -1,0 +1,3 @@
+from kf_culler.cli import main
+
+raise SystemExit(main())

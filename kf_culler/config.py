@@ -1,0 +1,195 @@
+"""Typed policy and settings: loaded and validated once, then passed explicitly.
+
+One YAML (or JSON) mapping holds both the decision policy (the keys the scenario files use) and the
+operational settings. Unknown or ill-typed keys are errors that name the key and the file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+TEN_YEARS_MIN = 10 * 366 * 24 * 60
+ServerType = Literal["jupyter", "group-one", "group-two"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key and the source."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+
+class NoSignal(_Model):
+    action: Literal["keep", "stop"] = "keep"
+    after_minutes: float | None = Field(default=None, alias="afterMinutes", gt=0, le=TEN_YEARS_MIN)
+
+    @model_validator(mode="after")
+    def _stop_needs_after(self) -> NoSignal:
+        if self.action == "stop" and self.after_minutes is None:
+            raise ValueError("noSignal.action 'stop' needs noSignal.afterMinutes")
+        return self
+
+
+class GpuThresholds(_Model):
+    util_percent: float = Field(default=5, alias="utilPercent", ge=0, le=100)
+    memory_mib: float = Field(default=256, alias="memoryMiB", ge=0)
+
+
+class ImageRule(_Model):
+    pattern: str = Field(min_length=1)
+    type: ServerType
+
+
+class Policy(_Model):
+    """Everything `decide` reads. Field aliases are the config-file names."""
+
+    idle_minutes: float = Field(default=60, alias="idleMinutes", gt=0, le=TEN_YEARS_MIN)
+    warn_minutes: float = Field(default=10, alias="warnMinutes", ge=0, le=TEN_YEARS_MIN)
+    startup_grace_minutes: float = Field(default=10, alias="startupGraceMinutes", ge=0, le=TEN_YEARS_MIN)
+    connected_gpu_idle_minutes: float | None = Field(
+        default=None, alias="connectedGpuIdleMinutes", gt=0, le=TEN_YEARS_MIN
+    )
+    busy_kernel_gpu_idle_minutes: float | None = Field(
+        default=None, alias="busyKernelGpuIdleMinutes", gt=0, le=TEN_YEARS_MIN
+    )
+    no_signal: NoSignal = Field(default_factory=NoSignal, alias="noSignal")
+    gpu: GpuThresholds = Field(default_factory=GpuThresholds)
+    allow_exempt: bool = Field(default=True, alias="allowExempt")
+    max_extend_minutes: float = Field(default=0, alias="maxExtendMinutes", ge=0, le=TEN_YEARS_MIN)
+    gpu_resources: tuple[str, ...] = Field(default=("nvidia.com/gpu",), alias="gpuResources")
+    server_type_by_image: tuple[ImageRule, ...] = Field(default=(), alias="serverTypeByImage")
+
+    def server_type_for_image(self, image: str) -> ServerType | None:
+        for rule in self.server_type_by_image:
+            if fnmatch.fnmatchcase(image, rule.pattern):
+                return rule.type
+        return None
+
+
+class ProbeSettings(_Model):
+    connect_timeout_seconds: float = Field(default=2.0, alias="connectTimeoutSeconds", gt=0, le=60)
+    timeout_seconds: float = Field(default=5.0, alias="timeoutSeconds", gt=0, le=300)
+    max_response_bytes: int = Field(default=1 << 20, alias="maxResponseBytes", ge=1024, le=1 << 30)
+    retries: int = Field(default=1, ge=0, le=5)
+
+
+class Urls(_Model):
+    jupyter: str = "http://{name}.{namespace}.svc.{clusterDomain}/notebook/{namespace}/{name}/"
+    code_server: str = Field(default="http://{name}.{namespace}.svc.{clusterDomain}/", alias="codeServer")
+
+
+class Namespaces(_Model):
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def selects(self, namespace: str) -> bool:
+        if self.include and namespace not in self.include:
+            return False
+        return namespace not in self.exclude
+
+
+class PrometheusSettings(_Model):
+    url: str | None = None
+    lookback_minutes: float = Field(default=30, alias="lookbackMinutes", gt=0, le=24 * 60)
+    step_seconds: float = Field(default=60, alias="stepSeconds", gt=0, le=3600)
+    timeout_seconds: float = Field(default=10, alias="timeoutSeconds", gt=0, le=300)
+    bearer_token_file: str | None = Field(default=None, alias="bearerTokenFile")
+    ca_file: str | None = Field(default=None, alias="caFile")
+    insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
+
+
+class Operations(_Model):
+    """Settings that shape how the culler runs, not what it decides."""
+
+    check_period_seconds: float = Field(default=60, alias="checkPeriodSeconds", gt=0, le=86400)
+    concurrency: int = Field(default=64, ge=1, le=4096)
+    probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    urls: Urls = Field(default_factory=Urls)
+    cluster_domain: str = Field(default="cluster.local", alias="clusterDomain", min_length=1)
+    namespaces: Namespaces = Field(default_factory=Namespaces)
+    dry_run: bool = Field(default=False, alias="dryRun")
+    gpu_only: bool = Field(default=False, alias="gpuOnly")
+    last_activity_step_minutes: float = Field(default=10, alias="lastActivityStepMinutes", ge=0, le=1440)
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+
+
+_POLICY_KEYS = {f.alias or n for n, f in Policy.model_fields.items()}
+_OPS_KEYS = {f.alias or n for n, f in Operations.model_fields.items()}
+_OVERRIDES_KEY = "namespaceOverrides"
+
+
+class Settings:
+    """The validated configuration: a default policy, per-namespace policies, and operations."""
+
+    def __init__(self, policy: Policy, operations: Operations, overrides: dict[str, Policy]) -> None:
+        self.policy = policy
+        self.operations = operations
+        self.overrides = overrides
+
+    def policy_for(self, namespace: str) -> Policy:
+        return self.overrides.get(namespace, self.policy)
+
+
+def _describe(err: ValidationError, source: str, prefix: str = "") -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if p != "__root__")
+        key = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "(top level)"
+        parts.append(f"{source}: key '{key}': {e['msg']}")
+    return "; ".join(parts)
+
+
+def load_mapping(data: object, source: str) -> Settings:
+    """Validate a decoded mapping (from a file or a scenario's `config`)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the configuration must be a mapping, not {type(data).__name__}")
+    unknown = sorted(str(k) for k in data if k not in _POLICY_KEYS | _OPS_KEYS | {_OVERRIDES_KEY})
+    if unknown:
+        raise ConfigError(f"{source}: unknown key '{unknown[0]}'" + (
+            f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+    base_raw = {k: v for k, v in data.items() if k in _POLICY_KEYS}
+    try:
+        policy = Policy.model_validate(base_raw)
+        operations = Operations.model_validate({k: v for k, v in data.items() if k in _OPS_KEYS})
+    except ValidationError as err:
+        raise ConfigError(_describe(err, source)) from None
+    overrides_raw = data.get(_OVERRIDES_KEY) or {}
+    if not isinstance(overrides_raw, dict):
+        raise ConfigError(f"{source}: key '{_OVERRIDES_KEY}' must map namespaces to policy keys")
+    overrides: dict[str, Policy] = {}
+    for namespace, raw in overrides_raw.items():
+        where = f"{_OVERRIDES_KEY}.{namespace}"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: key '{where}' must be a mapping of policy keys")
+        bad = sorted(str(k) for k in raw if k not in _POLICY_KEYS)
+        if bad:
+            raise ConfigError(f"{source}: unknown key '{where}.{bad[0]}' (only policy keys may be overridden)")
+        try:
+            overrides[str(namespace)] = Policy.model_validate({**base_raw, **raw})
+        except ValidationError as err:
+            raise ConfigError(_describe(err, source, prefix=f"{where}.")) from None
+    return Settings(policy, operations, overrides)
+
+
+def load_file(path: str | Path) -> Settings:
+    """Read and validate a YAML or JSON configuration file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read: {err.strerror or err}") from None
+    try:
+        data: Any = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as err:
+        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                          f"{str(err).splitlines()[0]}") from None
+    return load_mapping(data, str(p))

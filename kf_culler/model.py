@@ -1,0 +1,73 @@
+"""Plain data shared by every layer: annotation keys, the notebook view, and the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from kf_culler.timeutil import format_time
+
+# Kubeflow's keys
+STOP_ANNOTATION = "kubeflow-resource-stopped"
+SERVER_TYPE_ANNOTATION = "notebooks.kubeflow.org/server-type"
+LAST_ACTIVITY_ANNOTATION = "notebooks.kubeflow.org/last-activity"
+
+# Ours: every key contains "notebook", so the notebook-controller does not copy it into the pod.
+PREFIX = "notebook-culler.io/"
+EXEMPT_ANNOTATION = PREFIX + "exempt"
+KEEP_UNTIL_ANNOTATION = PREFIX + "keep-until"
+STATE_ANNOTATION = PREFIX + "state"
+REASON_ANNOTATION = PREFIX + "reason"
+IDLE_SINCE_ANNOTATION = PREFIX + "idle-since"
+WARNED_AT_ANNOTATION = PREFIX + "warned-at"
+STOPPED_BY_ANNOTATION = PREFIX + "stopped-by"
+STOPPED_AT_ANNOTATION = PREFIX + "stopped-at"
+TRACE_ANNOTATION = PREFIX + "trace-id"
+OWN_ANNOTATIONS = (
+    STATE_ANNOTATION, REASON_ANNOTATION, IDLE_SINCE_ANNOTATION, WARNED_AT_ANNOTATION,
+    STOPPED_BY_ANNOTATION, STOPPED_AT_ANNOTATION, TRACE_ANNOTATION,
+)
+STOPPED_BY_VALUE = "kf-culler"
+
+Action = Literal["keep", "warn", "stop"]
+State = Literal["active", "connected", "idle", "no-signal", "starting", "exempt", "stopped"]
+SOURCES = ("jupyter", "codeServer", "rstudio", "gpu")
+SERVER_SOURCES = {"jupyter": "jupyter", "group-one": "codeServer", "group-two": "rstudio"}
+
+
+class InputError(ValueError):
+    """An input that is not a notebook/scenario at all (as opposed to a broken observation)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    state: State
+    reason: str
+    rule: str
+    server_type: str | None = None
+    gpu_notebook: bool = False
+    idle_since: datetime | None = None
+    idle_seconds: float | None = None
+    stop_at: datetime | None = None
+    warn_at: datetime | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        def t(x: datetime | None) -> str | None:
+            return format_time(x) if x else None
+
+        return {
+            "action": self.action,
+            "state": self.state,
+            "reason": self.reason,
+            "rule": self.rule,
+            "serverType": self.server_type,
+            "gpuNotebook": self.gpu_notebook,
+            "idleSince": t(self.idle_since),
+            "idleSeconds": None if self.idle_seconds is None else round(self.idle_seconds),
+            "stopAt": t(self.stop_at),
+            "warnAt": t(self.warn_at),
+            "evidence": self.evidence,
+        }
