@@ -1,0 +1,1 @@
+"""One adapter per signal source. Adapters only gather: every failure becomes `{"error": ...}`."""

@@ -1,0 +1,121 @@
+"""The bounded HTTP GET every probe shares: connect/read timeouts, a size cap, transient-only retries.
+
+It never raises: the answer is the decoded JSON, or `{"error": "..."}` naming what went wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_fixed
+
+from kf_culler.config import ProbeSettings
+
+
+class Transient(Exception):
+    """A failure worth one more try (connection refused/reset, 502/503/504)."""
+
+
+class Permanent(Exception):
+    """A failure that another try will not fix."""
+
+
+@dataclass
+class Call:
+    """What one GET did, for traces, metrics and `explain`."""
+
+    url: str
+    status: int | None = None
+    seconds: float = 0.0
+    attempts: int = 0
+    error: str | None = None
+
+
+@dataclass
+class Fetcher:
+    """Holds the client session and the limits for one pass."""
+
+    settings: ProbeSettings
+    session: aiohttp.ClientSession
+    calls: list[Call] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, settings: ProbeSettings, concurrency: int) -> Fetcher:
+        connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=8, ttl_dns_cache=300,
+                                         enable_cleanup_closed=True)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_seconds,
+                                        sock_read=settings.timeout_seconds)
+        session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=True,
+                                        headers={"Accept": "application/json",
+                                                 "User-Agent": "kf-culler"})
+        return cls(settings, session)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def get_json(self, url: str, headers: dict[str, str] | None = None) -> tuple[Any, Call]:
+        """GET url within the probe's time budget; returns (JSON or {"error": ...}, call record)."""
+        call = Call(url=url)
+        budget = self.settings.timeout_seconds
+        start = time.monotonic()
+
+        async def attempt() -> Any:
+            call.attempts += 1
+            return await self._once(url, headers, call, budget - (time.monotonic() - start))
+
+        try:
+            async with asyncio.timeout(budget):
+                async for retry in AsyncRetrying(
+                    stop=stop_after_attempt(1 + self.settings.retries) | stop_after_delay(budget),
+                    wait=wait_fixed(0.2),
+                    retry=retry_if_exception_type(Transient),
+                    reraise=True,
+                ):
+                    with retry:
+                        body = await attempt()
+            result: Any = body
+        except TimeoutError:
+            call.error = f"timeout after {budget:g}s"
+        except (Transient, Permanent) as err:
+            call.error = str(err)
+        except Exception as err:  # never let a probe raise into the cycle
+            call.error = f"{type(err).__name__}: {err}"[:300]
+        call.seconds = time.monotonic() - start
+        if call.error is not None:
+            result = {"error": call.error}
+        self.calls.append(call)
+        return result, call
+
+    async def _once(self, url: str, headers: dict[str, str] | None, call: Call, left: float) -> Any:
+        if left <= 0:
+            raise TimeoutError
+        try:
+            async with self.session.get(url, headers=headers, allow_redirects=False) as resp:
+                call.status = resp.status
+                if resp.status in (502, 503, 504):
+                    raise Transient(f"HTTP {resp.status}")
+                if resp.status != 200:
+                    raise Permanent(f"HTTP {resp.status}")
+                limit = self.settings.max_response_bytes
+                if resp.content_length is not None and resp.content_length > limit:
+                    raise Permanent(f"response of {resp.content_length} bytes exceeds the {limit}-byte cap")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(65536):
+                    size += len(chunk)
+                    if size > limit:
+                        raise Permanent(f"response exceeds the {limit}-byte cap")
+                    chunks.append(chunk)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
+            raise Transient(f"{type(err).__name__}: {err}"[:300]) from None
+        except aiohttp.ClientError as err:
+            raise Permanent(f"{type(err).__name__}: {err}"[:300]) from None
+        try:
+            return json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError):
+            raise Permanent("the answer is not JSON") from None
