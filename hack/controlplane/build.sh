@@ -8,9 +8,9 @@
 #   all        also Kubeflow's notebook-controller
 #
 # Environment:
-#   KF_CULLER_K8S_VERSION  Kubernetes release to build       (default v1.37.2)
-#   KF_CULLER_ETCD_VERSION etcd release to build             (default v3.6.16)
-#   KF_CULLER_KWOK_VERSION kwok release to build             (default v0.7.0)
+#   KF_CULLER_K8S_VERSION  Kubernetes release to build       (default: versions.env)
+#   KF_CULLER_ETCD_VERSION etcd release to build             (default: versions.env)
+#   KF_CULLER_KWOK_VERSION kwok release to build             (default: versions.env)
 #   KF_CULLER_NBC_VERSION  notebook-controller pseudo-version (default: the v1.11.0 commit)
 #   KF_CULLER_BIN_DIR      where binaries go (default ~/.cache/kf-culler/bin/<k8s-version>)
 #
@@ -20,9 +20,13 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 set_name=${1:-apiserver}
-K8S_VERSION=${KF_CULLER_K8S_VERSION:-v1.37.2}
-ETCD_VERSION=${KF_CULLER_ETCD_VERSION:-v3.6.16}
-KWOK_VERSION=${KF_CULLER_KWOK_VERSION:-v0.7.0}
+# Defaults from versions.env; variables already in the environment win.
+while IFS='=' read -r key value; do
+  case "$key" in KF_CULLER_*) [ -n "${!key:-}" ] || export "$key=$value" ;; esac
+done < "$here/versions.env"
+K8S_VERSION=$KF_CULLER_K8S_VERSION
+ETCD_VERSION=$KF_CULLER_ETCD_VERSION
+KWOK_VERSION=$KF_CULLER_KWOK_VERSION
 NBC_VERSION=${KF_CULLER_NBC_VERSION:-}
 BIN_DIR=${KF_CULLER_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kf-culler/bin/$K8S_VERSION}
 BUILD_ROOT=$(dirname "$BIN_DIR")/../build

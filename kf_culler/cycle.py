@@ -1,0 +1,171 @@
+"""One pass: gather -> decide -> apply, for every selected notebook."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from opentelemetry import trace
+
+from kf_culler.config import Settings
+from kf_culler.decide import decide, gpu_count, server_type
+from kf_culler.gather import Gathered, GpuSource, PodSource, Request, gather
+from kf_culler.kube.writer import WriteResult, Writer
+from kf_culler.model import SERVER_SOURCES, InputError, Verdict
+from kf_culler.plan import Plan, plan
+from kf_culler.sources.http import Call
+
+log = logging.getLogger("kf_culler.cycle")
+tracer = trace.get_tracer("kf_culler")
+NO_PROBE_STATES = ("stopped", "exempt", "starting")
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class NotebookResult:
+    namespace: str
+    name: str
+    server_type: str
+    gpus: int
+    verdict: Verdict
+    observations: dict[str, Any]
+    calls: list[Call] = field(default_factory=list)
+    plan: Plan | None = None
+    write: WriteResult | None = None
+    trace_id: str | None = None
+
+
+@dataclass
+class CycleResult:
+    started: datetime
+    now: datetime
+    seconds: float
+    results: list[NotebookResult]
+    bulk_queries: int = 0
+    interrupted: bool = False
+
+
+@dataclass
+class Cycle:
+    settings: Settings
+    writer: Writer | None = None  # None: decide and report only (check, explain, dry-run)
+    gpu: GpuSource | None = None
+    rstudio: PodSource | None = None
+    clock: Clock = utcnow
+    stop_flag: threading.Event = field(default_factory=threading.Event)
+    may_write: Callable[[], bool] = lambda: True
+    on_result: Callable[[NotebookResult], None] | None = None
+    on_observed: Callable[[datetime, dict[str, Any], dict[str, Any] | None, dict[str, Any]], None] | None = None
+
+    def selected(self, notebook: dict[str, Any], pod: dict[str, Any] | None) -> bool:
+        meta = notebook.get("metadata") or {}
+        ns = str(meta.get("namespace", ""))
+        if not self.settings.operations.namespaces.selects(ns):
+            return False
+        if self.settings.operations.gpu_only:
+            return gpu_count(notebook, pod, self.settings.policy_for(ns).gpu_resources) > 0
+        return True
+
+    def run(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> CycleResult:
+        t0 = time.monotonic()
+        started = self.clock()
+        with tracer.start_as_current_span("kf_culler.cycle") as span:
+            chosen = [(nb, pod) for nb, pod in items if self.selected(nb, pod)]
+            span.set_attribute("kf_culler.notebooks", len(chosen))
+            pre: dict[tuple[str, str], Verdict] = {}
+            requests: list[Request] = []
+            for nb, pod in chosen:
+                meta = nb.get("metadata") or {}
+                key = (str(meta.get("namespace")), str(meta.get("name")))
+                policy = self.settings.policy_for(key[0])
+                try:
+                    verdict = decide(nb, pod, {}, policy, started)
+                except InputError:
+                    continue
+                if verdict.state in NO_PROBE_STATES:
+                    pre[key] = verdict
+                    continue
+                pod_name = ((pod or {}).get("metadata") or {}).get("name")
+                requests.append(Request(key[0], key[1], pod_name, SERVER_SOURCES.get(server_type(nb, policy)),
+                                        gpu_count(nb, pod, policy.gpu_resources) > 0))
+            with tracer.start_as_current_span("kf_culler.gather") as gspan:
+                gathered = asyncio.run(gather(requests, self.settings.operations, started, self.gpu,
+                                              self.rstudio)) if requests else Gathered()
+                gspan.set_attribute("kf_culler.probed", len(requests))
+                gspan.set_attribute("kf_culler.bulk_queries", gathered.bulk_queries)
+            now = self.clock()
+            results: list[NotebookResult] = []
+            interrupted = False
+            for nb, pod in chosen:
+                if self.stop_flag.is_set():
+                    interrupted = True
+                    break
+                result = self._one(nb, pod, pre, gathered, now)
+                if result is not None:
+                    results.append(result)
+                    if self.on_result is not None:
+                        self.on_result(result)
+            span.set_attribute("kf_culler.interrupted", interrupted)
+        return CycleResult(started, now, time.monotonic() - t0, results, gathered.bulk_queries, interrupted)
+
+    def _one(self, nb: dict[str, Any], pod: dict[str, Any] | None, pre: dict[tuple[str, str], Verdict],
+             gathered: Gathered, now: datetime) -> NotebookResult | None:
+        meta = nb.get("metadata") or {}
+        ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        policy = self.settings.policy_for(ns)
+        stype = server_type(nb, policy)
+        with tracer.start_as_current_span("kf_culler.notebook") as span:
+            span.set_attributes({"k8s.namespace.name": ns, "kf_culler.notebook": name,
+                                 "kf_culler.server_type": stype})
+            observations = gathered.observations.get((ns, name), {})
+            calls = gathered.calls.get((ns, name), [])
+            for call in calls:
+                _probe_span(call, now)
+            if self.on_observed is not None and (ns, name) not in pre:
+                self.on_observed(now, nb, pod, observations)
+            try:
+                verdict = pre.get((ns, name)) or decide(nb, pod, observations, policy, now)
+            except InputError as err:
+                span.set_attribute("kf_culler.error", str(err))
+                log.warning("skipping %s/%s: %s", ns, name, err)
+                return None
+            trace_id = format(span.get_span_context().trace_id, "032x") if span.get_span_context().is_valid \
+                else None
+            span.set_attributes({
+                "kf_culler.action": verdict.action, "kf_culler.state": verdict.state,
+                "kf_culler.rule": verdict.rule, "kf_culler.reason": verdict.reason,
+                "kf_culler.idle_seconds": verdict.idle_seconds or 0.0, "kf_culler.gpus": gpu_count(
+                    nb, pod, policy.gpu_resources)})
+            result = NotebookResult(ns, name, stype, gpu_count(nb, pod, policy.gpu_resources), verdict,
+                                    observations, calls, trace_id=trace_id)
+            step = self.settings.operations.last_activity_step_minutes
+            result.plan = plan(nb, verdict, now, step, trace_id)
+            if self.writer is not None and not self.settings.operations.dry_run and not result.plan.empty:
+                with tracer.start_as_current_span("kf_culler.apply") as aspan:
+                    def replan(fresh: dict[str, Any]) -> Plan:
+                        return plan(fresh, decide(fresh, pod, observations, policy, now), now, step, trace_id)
+
+                    result.write = self.writer.apply(nb, result.plan, replan, now, self.may_write)
+                    aspan.set_attributes({"kf_culler.write": result.write.outcome,
+                                          "kf_culler.conflicts": result.write.conflicts,
+                                          "kf_culler.event": result.write.event or "none"})
+            return result
+
+
+def _probe_span(call: Call, now: datetime) -> None:
+    end = time.time_ns()
+    start = end - int(call.seconds * 1e9)
+    span = tracer.start_span("kf_culler.probe", start_time=start)
+    span.set_attributes({"url.full": call.url, "http.response.status_code": call.status or 0,
+                         "kf_culler.attempts": call.attempts, "kf_culler.probe_error": call.error or ""})
+    span.end(end_time=end)

@@ -1,0 +1,109 @@
+"""Gather: ask each notebook's sources concurrently, within bounds, and return plain observations.
+
+Probe URLs are built only from the notebook's namespace and name and the admin's URL templates;
+no annotation or other user-editable field ever reaches a URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from kf_culler.config import Operations
+from kf_culler.sources import codeserver, jupyter
+from kf_culler.sources.http import Call, Fetcher
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+Key = tuple[str, str]
+
+
+class GpuSource(Protocol):
+    def samples(self, pods: Sequence[Key], now: datetime) -> tuple[dict[Key, dict[str, Any]], int]: ...
+
+
+class PodSource(Protocol):
+    """A source answered per pod from one bulk query (RStudio through Prometheus, for one)."""
+
+    def answers(self, pods: Sequence[Key], now: datetime) -> tuple[dict[Key, dict[str, Any]], int]: ...
+
+
+@dataclass
+class Request:
+    namespace: str
+    name: str
+    pod: str | None
+    source: str | None  # "jupyter" | "codeServer" | "rstudio" | None
+    gpu: bool
+
+
+@dataclass
+class Gathered:
+    observations: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    calls: dict[Key, list[Call]] = field(default_factory=dict)
+    bulk_queries: int = 0
+
+
+def url_for(template: str, namespace: str, name: str, cluster_domain: str) -> str | None:
+    """The probe URL, or None when the names are not plain DNS labels (they never reach a URL then)."""
+    if not DNS_LABEL.match(namespace) or not DNS_LABEL.match(name):
+        return None
+    return template.format(name=name, namespace=namespace, clusterDomain=cluster_domain)
+
+
+async def _probe_one(fetcher: Fetcher, ops: Operations, req: Request,
+                     limit: asyncio.Semaphore) -> tuple[dict[str, Any] | None, list[Call]]:
+    template = {"jupyter": ops.urls.jupyter, "codeServer": ops.urls.code_server}.get(req.source or "")
+    if template is None:
+        return None, []
+    url = url_for(template, req.namespace, req.name, ops.cluster_domain)
+    if url is None:
+        return {"error": "the notebook's name or namespace is not a DNS label; not probed"}, []
+    async with limit:
+        if req.source == "jupyter":
+            return await jupyter.probe(fetcher, url)
+        return await codeserver.probe(fetcher, url)
+
+
+async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
+                 gpu: GpuSource | None = None, rstudio: PodSource | None = None) -> Gathered:
+    out = Gathered()
+    fetcher = Fetcher.open(ops.probe, ops.concurrency)
+    limit = asyncio.Semaphore(ops.concurrency)
+    try:
+        http_reqs = [r for r in requests if r.source in ("jupyter", "codeServer")]
+        bulk_reqs = [(name, src, [r for r in requests if r.pod and wants(r)])
+                     for name, src, wants in (("gpu", gpu, lambda r: r.gpu),
+                                              ("rstudio", rstudio, lambda r: r.source == "rstudio"))]
+        bulk_reqs = [(name, src, reqs) for name, src, reqs in bulk_reqs if src is not None and reqs]
+        bulk_calls = [asyncio.to_thread(_bulk, src, [(r.namespace, r.pod or "") for r in reqs], now)
+                      for _, src, reqs in bulk_reqs]
+        probe_results, bulk_results = await asyncio.gather(
+            asyncio.gather(*(_probe_one(fetcher, ops, r, limit) for r in http_reqs)),
+            asyncio.gather(*bulk_calls),
+        )
+        for r, (answer, calls) in zip(http_reqs, probe_results, strict=True):
+            if answer is not None:
+                out.observations.setdefault((r.namespace, r.name), {})[r.source or ""] = answer
+            out.calls[(r.namespace, r.name)] = calls
+        for (name, _, reqs), (answers, queries) in zip(bulk_reqs, bulk_results, strict=True):
+            out.bulk_queries += queries
+            for r in reqs:
+                out.observations.setdefault((r.namespace, r.name), {})[name] = answers.get(
+                    (r.namespace, r.pod or ""), {"error": f"no {name} answer for pod {r.pod}"})
+    finally:
+        await fetcher.close()
+    return out
+
+
+def _bulk(src: Any, pods: list[Key], now: datetime) -> tuple[dict[Key, dict[str, Any]], int]:
+    """One bulk query; a source that raises gives every pod an error instead of breaking the pass."""
+    try:
+        fn = src.samples if hasattr(src, "samples") else src.answers
+        answers, queries = fn(pods, now)
+        return answers, int(queries)
+    except Exception as err:
+        return {p: {"error": f"{type(err).__name__}: {err}"[:300]} for p in pods}, 0

@@ -1,0 +1,181 @@
+"""List+watch Notebooks and their pods into memory, so a cycle needs no per-notebook GET.
+
+One thread per watched collection; a broken watch is resumed from its resourceVersion, and a
+410 Gone (or any other failure) leads to a fresh list. Objects are kept as the API's JSON dicts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kf_culler.kube import GROUP, PLURAL, POD_LABEL, VERSION
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]
+
+
+def _key(obj: dict[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+class _Collection:
+    """One list+watch loop feeding a dict of objects."""
+
+    def __init__(self, name: str, lister: Callable[..., Any], stop: threading.Event,
+                 label_selector: str | None = None, watch_timeout: int = 240) -> None:
+        self.name = name
+        self.lister = lister
+        self.stop = stop
+        self.selector = label_selector
+        self.watch_timeout = watch_timeout
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self.synced = threading.Event()
+        self.lists = 0
+        self.watch_events = 0
+        self.errors = 0
+        self.thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"label_selector": self.selector} if self.selector else {}
+
+    def _list(self) -> str:
+        resp = self.lister(_preload_content=False, **self._kwargs())
+        data = json.loads(resp.data)
+        items = {_key(o): o for o in data.get("items") or []}
+        with self.lock:
+            self.objects = items
+        self.lists += 1
+        self.synced.set()
+        return str(data.get("metadata", {}).get("resourceVersion", ""))
+
+    def _run(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.rest import ApiException
+
+        backoff = 0.5
+        rv = ""
+        while not self.stop.is_set():
+            try:
+                if not rv:
+                    rv = self._list()
+                w = watch.Watch()
+                for event in w.stream(self.lister, resource_version=rv, timeout_seconds=self.watch_timeout,
+                                      allow_watch_bookmarks=True, deserialize=False, **self._kwargs()):
+                    if self.stop.is_set():
+                        w.stop()
+                        break
+                    kind, obj = event["type"], event["object"]
+                    if kind == "ERROR":
+                        rv = ""  # usually 410 Gone: relist
+                        break
+                    rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
+                    if kind == "BOOKMARK":
+                        continue
+                    self.watch_events += 1
+                    with self.lock:
+                        if kind == "DELETED":
+                            self.objects.pop(_key(obj), None)
+                        else:
+                            self.objects[_key(obj)] = obj
+                backoff = 0.5
+            except ApiException as err:
+                self.errors += 1
+                if err.status == 410:
+                    rv = ""
+                    continue
+                log.warning("watch %s failed: %s; retrying", self.name, err.reason)
+                rv = ""
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 10)
+            except Exception as err:  # connection lost, API server restarting, ...
+                self.errors += 1
+                log.warning("watch %s broke (%s); resuming", self.name, type(err).__name__)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 10)
+
+    def put(self, obj: dict[str, Any]) -> None:
+        """Record an object the culler itself just wrote (the watch will confirm it)."""
+        with self.lock:
+            self.objects[_key(obj)] = obj
+
+    def snapshot(self) -> dict[Key, dict[str, Any]]:
+        with self.lock:
+            return dict(self.objects)
+
+
+class ClusterCache:
+    """Notebooks and notebook pods, cluster-wide or for a fixed list of namespaces."""
+
+    def __init__(self, api_client: Any, namespaces: tuple[str, ...] = ()) -> None:
+        from kubernetes import client
+
+        self.stop_event = threading.Event()
+        custom = client.CustomObjectsApi(api_client)
+        core = client.CoreV1Api(api_client)
+        self.notebooks: list[_Collection] = []
+        self.pods: list[_Collection] = []
+        if namespaces:
+            for ns in namespaces:
+                self.notebooks.append(_Collection(
+                    f"notebooks/{ns}", _bind(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL),
+                    self.stop_event))
+                self.pods.append(_Collection(f"pods/{ns}", _bind(core.list_namespaced_pod, ns),
+                                             self.stop_event, POD_LABEL))
+        else:
+            self.notebooks.append(_Collection(
+                "notebooks", _bind(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL), self.stop_event))
+            self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, POD_LABEL))
+
+    def start(self) -> None:
+        for c in self.notebooks + self.pods:
+            c.thread.start()
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(c.synced.wait(max(0.0, deadline - time.monotonic())) for c in self.notebooks + self.pods)
+
+    @property
+    def synced(self) -> bool:
+        return all(c.synced.is_set() for c in self.notebooks + self.pods)
+
+    def close(self) -> None:
+        self.stop_event.set()
+
+    def snapshot(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+        """Every notebook with its pod (`<name>-0`, else any pod labelled with its name), sorted."""
+        notebooks: dict[Key, dict[str, Any]] = {}
+        for c in self.notebooks:
+            notebooks.update(c.snapshot())
+        pods_by_nb: dict[Key, dict[str, Any]] = {}
+        for c in self.pods:
+            for (ns, pod_name), pod in c.snapshot().items():
+                nb = str(((pod.get("metadata") or {}).get("labels") or {}).get(POD_LABEL, ""))
+                key = (ns, nb)
+                if key not in pods_by_nb or pod_name == f"{nb}-0":
+                    pods_by_nb[key] = pod
+        return [(notebooks[k], pods_by_nb.get(k)) for k in sorted(notebooks)]
+
+    def record_notebook(self, obj: dict[str, Any]) -> None:
+        ns = _key(obj)[0]
+        for c in self.notebooks:
+            if c.name in ("notebooks", f"notebooks/{ns}"):
+                c.put(obj)
+
+    def stats(self) -> dict[str, int]:
+        cols = self.notebooks + self.pods
+        return {"lists": sum(c.lists for c in cols), "watchEvents": sum(c.watch_events for c in cols),
+                "watchErrors": sum(c.errors for c in cols)}
+
+
+def _bind(fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+    def call(**kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return call  # no docstring: kubernetes.watch then leaves objects as plain dicts

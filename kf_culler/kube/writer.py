@@ -1,0 +1,116 @@
+"""Writes: one JSON merge patch per notebook (carrying resourceVersion, re-planned on 409) and Events."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kf_culler.kube import GROUP, PLURAL, VERSION
+from kf_culler.plan import EventSpec, Plan
+from kf_culler.timeutil import format_time
+
+log = logging.getLogger(__name__)
+MAX_CONFLICT_RETRIES = 5
+
+
+@dataclass
+class WriteResult:
+    outcome: str  # patched | unchanged | gone | conflict-exhausted | failed | dry-run
+    attempts: int = 0
+    conflicts: int = 0
+    event: str | None = None  # created | failed: ... | None
+    notebook: dict[str, Any] | None = None
+    plan: Plan | None = None
+    error: str | None = None
+
+
+class Writer:
+    def __init__(self, api_client: Any, component: str = "kf-culler", instance: str | None = None) -> None:
+        from kubernetes import client
+
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.component = component
+        self.instance = instance or socket.gethostname()
+        self.patches = 0
+        self.events = 0
+
+    def apply(self, notebook: dict[str, Any], first: Plan, replan: Callable[[dict[str, Any]], Plan],
+              now: datetime, may_write: Callable[[], bool] = lambda: True) -> WriteResult:
+        """Patch `notebook` with `first`; on 409 re-read it, re-plan, and try again."""
+        from kubernetes.client.rest import ApiException
+
+        meta = notebook.get("metadata") or {}
+        ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        result = WriteResult("unchanged", plan=first)
+        current, todo = notebook, first
+        while not todo.empty:
+            if not may_write():
+                result.outcome = "not-leader"
+                return result
+            result.attempts += 1
+            body: dict[str, Any] = {"metadata": {
+                "resourceVersion": (current.get("metadata") or {}).get("resourceVersion"),
+                "annotations": todo.annotations}}
+            try:
+                if todo.annotations:
+                    current = self.custom.patch_namespaced_custom_object(
+                        GROUP, VERSION, ns, PLURAL, name, body, _content_type="application/merge-patch+json")
+                    self.patches += 1
+                result.outcome, result.notebook, result.plan = "patched", current, todo
+                break
+            except ApiException as err:
+                if err.status == 404:
+                    result.outcome = "gone"
+                    return result
+                if err.status != 409:
+                    result.outcome, result.error = "failed", f"HTTP {err.status}: {err.reason}"
+                    return result
+                result.conflicts += 1
+                if result.conflicts > MAX_CONFLICT_RETRIES:
+                    result.outcome = "conflict-exhausted"
+                    return result
+                try:
+                    current = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+                except ApiException as gone:
+                    result.outcome = "gone" if gone.status == 404 else "failed"
+                    result.error = None if gone.status == 404 else f"HTTP {gone.status}: {gone.reason}"
+                    return result
+                todo = replan(current)
+                result.plan = todo
+        if result.plan is not None and result.plan.event is not None and result.outcome in ("patched", "unchanged"):
+            result.event = self.event(current, result.plan.event, now)
+        return result
+
+    def event(self, notebook: dict[str, Any], spec: EventSpec, now: datetime) -> str:
+        """Best effort: a failed Event is reported, never raised."""
+        from kubernetes.client.rest import ApiException
+
+        meta = notebook.get("metadata") or {}
+        ns = str(meta.get("namespace"))
+        stamp = format_time(now)
+        body = {
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": ns},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Notebook", "name": meta.get("name"),
+                               "namespace": ns, "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": spec.type, "reason": spec.reason, "message": spec.message[:1024],
+            "source": {"component": self.component},
+            "reportingComponent": self.component, "reportingInstance": self.instance[:128],
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "action": spec.reason,
+        }
+        try:
+            self.core.create_namespaced_event(ns, body)
+            self.events += 1
+            return "created"
+        except ApiException as err:
+            log.warning("event for %s/%s refused: HTTP %s %s", ns, meta.get("name"), err.status, err.reason)
+            return f"failed: HTTP {err.status}"
+        except Exception as err:
+            log.warning("event for %s/%s failed: %s", ns, meta.get("name"), err)
+            return f"failed: {type(err).__name__}"
+

@@ -1,0 +1,110 @@
+"""What to write for a verdict: at most one merge patch of annotations and one Event. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kf_culler.model import (
+    IDLE_SINCE_ANNOTATION,
+    LAST_ACTIVITY_ANNOTATION,
+    OWN_ANNOTATIONS,
+    REASON_ANNOTATION,
+    STATE_ANNOTATION,
+    STOP_ANNOTATION,
+    STOPPED_AT_ANNOTATION,
+    STOPPED_BY_ANNOTATION,
+    STOPPED_BY_VALUE,
+    TRACE_ANNOTATION,
+    WARNED_AT_ANNOTATION,
+    Verdict,
+)
+from kf_culler.timeutil import format_time, parse_time
+
+EVENT_STOP = "IdleNotebookStopped"
+EVENT_WARN = "IdleNotebookWarning"
+EVENT_RESTART = "NotebookRestarted"
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    annotations: dict[str, str | None]  # a merge patch of metadata.annotations (None removes a key)
+    event: EventSpec | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.annotations and self.event is None
+
+
+def _annotations(notebook: dict[str, Any]) -> dict[str, Any]:
+    meta = notebook.get("metadata") if isinstance(notebook.get("metadata"), dict) else {}
+    ann = meta.get("annotations") if isinstance(meta, dict) else None
+    return ann if isinstance(ann, dict) else {}
+
+
+def plan(notebook: dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
+         trace_id: str | None = None) -> Plan:
+    original = _annotations(notebook)
+    if STOP_ANNOTATION in original:
+        return Plan({})  # stopped stays stopped: never rewrite or remove a stop, ours or another's
+    out: dict[str, str | None] = {}
+    trace = f" (trace {trace_id})" if trace_id else ""
+    event: EventSpec | None = None
+    ann = original
+    if original.get(STOPPED_BY_ANNOTATION) == STOPPED_BY_VALUE:
+        # The user started the notebook again (the stop annotation is gone): clear our stale marks.
+        out.update({k: None for k in OWN_ANNOTATIONS if k in original})
+        ann = {k: v for k, v in original.items() if k not in OWN_ANNOTATIONS}
+        event = EventSpec("Normal", EVENT_RESTART,
+                          "The notebook was started again; the idle clock starts from its new start.")
+
+    def describe() -> None:
+        out[STATE_ANNOTATION] = verdict.state
+        out[REASON_ANNOTATION] = verdict.reason[:1000]
+        out[IDLE_SINCE_ANNOTATION] = format_time(verdict.idle_since) if verdict.idle_since else None
+
+    if verdict.action == "stop":
+        describe()
+        out.update({
+            STOP_ANNOTATION: format_time(now),
+            STOPPED_BY_ANNOTATION: STOPPED_BY_VALUE,
+            STOPPED_AT_ANNOTATION: format_time(now),
+            WARNED_AT_ANNOTATION: None,
+        })
+        if trace_id:
+            out[TRACE_ANNOTATION] = trace_id
+        if verdict.idle_since:
+            out[LAST_ACTIVITY_ANNOTATION] = format_time(verdict.idle_since)
+        return Plan(_minimal(out, original), EventSpec("Warning", EVENT_STOP, verdict.reason + trace))
+
+    if verdict.action == "warn":
+        if WARNED_AT_ANNOTATION not in ann:
+            describe()
+            out[WARNED_AT_ANNOTATION] = format_time(now)
+            event = EventSpec("Warning", EVENT_WARN, verdict.reason + trace)
+    elif WARNED_AT_ANNOTATION in ann:
+        describe()  # the notebook was used after a warning: withdraw it
+        out[WARNED_AT_ANNOTATION] = None
+
+    # The display annotation Kubeflow's web app shows as "Last activity": written only when it moves
+    # by at least the step, so an idle notebook costs no writes.
+    activity = now if verdict.state == "active" else verdict.idle_since
+    if activity is not None and verdict.state in ("active", "connected", "idle"):
+        shown = parse_time(ann.get(LAST_ACTIVITY_ANNOTATION))
+        if shown is None or abs((activity - shown).total_seconds()) >= step_minutes * 60:
+            out[LAST_ACTIVITY_ANNOTATION] = format_time(activity)
+            describe()
+    return Plan(_minimal(out, original), event)
+
+
+def _minimal(patch: dict[str, str | None], ann: dict[str, Any]) -> dict[str, str | None]:
+    """Drop entries that would change nothing: removing an absent key, writing an equal value."""
+    return {k: v for k, v in patch.items() if (k in ann if v is None else ann.get(k) != v)}

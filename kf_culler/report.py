@@ -1,0 +1,87 @@
+"""People-facing output: the `check` table, JSON/YAML, and `explain`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from kf_culler.cycle import CycleResult, NotebookResult
+
+TYPE_NAMES = {"jupyter": "jupyter", "group-one": "code-server", "group-two": "rstudio"}
+
+
+def _idle(r: NotebookResult) -> str:
+    s = r.verdict.idle_seconds
+    if s is None:
+        return "-"
+    m = int(s // 60)
+    return f"{m}m" if m < 120 else f"{m // 60}h{m % 60:02d}m"
+
+
+def rows(result: CycleResult) -> list[dict[str, Any]]:
+    out = []
+    for r in result.results:
+        out.append({
+            "namespace": r.namespace, "name": r.name, "type": TYPE_NAMES.get(r.server_type, r.server_type),
+            "gpus": r.gpus, **r.verdict.to_dict(),
+            "written": None if r.write is None else r.write.outcome,
+            "event": None if r.write is None else r.write.event,
+        })
+    return out
+
+
+def table(result: CycleResult, wide: bool = False) -> str:
+    header = ["NAMESPACE", "NAME", "TYPE", "GPUS", "STATE", "IDLE", "ACTION", "REASON"]
+    lines = [header]
+    for r in result.results:
+        reason = r.verdict.reason if wide else _shorten(r.verdict.reason, 90)
+        lines.append([r.namespace, r.name, TYPE_NAMES.get(r.server_type, r.server_type), str(r.gpus),
+                      r.verdict.state, _idle(r), r.verdict.action, reason])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header) - 1)]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "   " + row[-1]
+                     for row in lines)
+
+
+def _shorten(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def render(result: CycleResult, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps({"now": result.now.isoformat(), "notebooks": rows(result)}, indent=2)
+    if fmt == "yaml":
+        return yaml.safe_dump({"now": result.now.isoformat(), "notebooks": rows(result)}, sort_keys=False)
+    return table(result, wide=fmt == "wide")
+
+
+def explain(r: NotebookResult) -> str:
+    v = r.verdict
+    out = [f"Notebook {r.namespace}/{r.name}  (server type {r.server_type}, {r.gpus} GPU(s))", ""]
+    out.append(f"Verdict: {v.action} / {v.state}   (rule {v.rule})")
+    out.append(f"Reason:  {v.reason}")
+    d = v.to_dict()
+    for label, key in (("Idle since", "idleSince"), ("Warn at", "warnAt"), ("Stop at", "stopAt")):
+        if d.get(key):
+            out.append(f"{label + ':':<11} {d[key]}")
+    out.append("")
+    out.append("Sources (raw answers, then how they were read):")
+    if not r.observations:
+        out.append("  (none asked: the verdict did not need them)")
+    for source, raw in r.observations.items():
+        out.append(f"  {source}:")
+        text = json.dumps(raw, indent=2, default=str)
+        if len(text) > 4000:
+            text = text[:4000] + "\n  … (truncated)"
+        out.extend("    " + line for line in text.splitlines())
+        if source in v.evidence:
+            out.append(f"    read as: {json.dumps(v.evidence[source])}")
+    for call in r.calls:
+        out.append(f"  GET {call.url} -> {call.status or '-'} in {call.seconds * 1000:.0f} ms"
+                   + (f" ({call.error})" if call.error else ""))
+    if r.plan is not None and not r.plan.empty:
+        out.append("")
+        out.append(f"Would write: annotations {json.dumps(r.plan.annotations)}"
+                   + (f"; Event {r.plan.event.reason}" if r.plan.event else ""))
+    return "\n".join(out)

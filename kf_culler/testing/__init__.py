@@ -1,0 +1,1 @@
+"""Local real components (control plane, notebook servers) for tests, the demo and benchmarks."""

@@ -1,0 +1,44 @@
+"""Shared fixtures: a real Kubernetes API server (see kf_culler.testing.target) and fresh namespaces."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kf_culler.testing.target import KubeTarget, Unavailable, open_target
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT.parent / "shared" / "scenarios"
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[KubeTarget]:
+    """The cluster the tests run against, with the Notebook CRD applied."""
+    try:
+        with open_target() as target:
+            yield target
+    except Unavailable as why:
+        pytest.skip(f"no Kubernetes API server available: {why}")
+
+
+@pytest.fixture()
+def namespace(kube: KubeTarget) -> Iterator[str]:
+    from kubernetes import client
+
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(kube.api_client())
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    try:
+        core.delete_namespace(name)
+    except Exception:  # a namespace left Terminating on an API-server-only cluster is harmless
+        pass
+
+
+@pytest.fixture()
+def api(kube: KubeTarget) -> Any:
+    return kube.api_client()
