@@ -9,10 +9,10 @@ from __future__ import annotations
 import fnmatch
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 TEN_YEARS_MIN = 10 * 366 * 24 * 60
 ServerType = Literal["jupyter", "group-one", "group-two"]
@@ -103,6 +103,41 @@ class PrometheusSettings(_Model):
     bearer_token_file: str | None = Field(default=None, alias="bearerTokenFile")
     ca_file: str | None = Field(default=None, alias="caFile")
     insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
+    # Also read DCGM_FI_PROF_GR_ENGINE_ACTIVE (a GPU's utilisation is the larger of the two).
+    gpu_engine_active: bool = Field(default=True, alias="gpuEngineActive")
+
+
+# A Kubernetes name that may be written into a PromQL matcher (no quotes, no regex syntax).
+K8sName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")]
+
+
+class RStudioSettings(_Model):
+    """RStudio activity read from Prometheus: container CPU (cAdvisor) and, optionally, Istio requests."""
+
+    enabled: bool = True
+    lookback_minutes: float = Field(default=240, alias="lookbackMinutes", gt=0, le=7 * 24 * 60)
+    step_seconds: float = Field(default=60, alias="stepSeconds", ge=1, le=3600)
+    rate_window_seconds: float = Field(default=120, alias="rateWindowSeconds", ge=10, le=3600)
+    cpu_busy_cores: float = Field(default=0.2, alias="cpuBusyCores", gt=0, le=1024)
+    exclude_containers: tuple[K8sName, ...] = Field(default=("istio-proxy",), alias="excludeContainers",
+                                                    strict=False)  # a YAML list
+    istio: bool = True
+    connected_window_seconds: float = Field(default=180, alias="connectedWindowSeconds", ge=30, le=3600)
+    exclude_source_workloads: tuple[K8sName, ...] = Field(
+        default=("notebook-controller-deployment",), alias="excludeSourceWorkloads", strict=False)
+
+
+class DcgmSettings(_Model):
+    """dcgm-exporter endpoints scraped directly, for clusters without Prometheus."""
+
+    endpoints: tuple[str, ...] = Field(default=(), strict=False)  # a YAML list
+    lookback_minutes: float = Field(default=30, alias="lookbackMinutes", gt=0, le=24 * 60)
+    timeout_seconds: float = Field(default=5, alias="timeoutSeconds", gt=0, le=60)
+    stale_seconds: float = Field(default=180, alias="staleSeconds", gt=0, le=3600)
+    max_pods: int = Field(default=10000, alias="maxPods", ge=1, le=1_000_000)
+    max_samples_per_pod: int = Field(default=2048, alias="maxSamplesPerPod", ge=2, le=100_000)
+    ca_file: str | None = Field(default=None, alias="caFile")
+    insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
 
 
 class Operations(_Model):
@@ -118,6 +153,8 @@ class Operations(_Model):
     gpu_only: bool = Field(default=False, alias="gpuOnly")
     last_activity_step_minutes: float = Field(default=10, alias="lastActivityStepMinutes", ge=0, le=1440)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    rstudio: RStudioSettings = Field(default_factory=RStudioSettings)
+    dcgm: DcgmSettings = Field(default_factory=DcgmSettings)
 
 
 _POLICY_KEYS = {f.alias or n for n, f in Policy.model_fields.items()}
