@@ -6,6 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kf_culler.config import Settings
+    from kf_culler.runner import Runner
 
 from kf_culler import __version__
 
@@ -36,6 +41,102 @@ def cmd_decide(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings(args: argparse.Namespace) -> Settings | None:
+    from kf_culler.config import ConfigError, Settings, load_file, load_mapping
+
+    try:
+        settings: Settings = load_file(args.config) if args.config else load_mapping({}, "defaults")
+    except ConfigError as err:
+        print(f"kf-culler {args.command}: {err}", file=sys.stderr)
+        return None
+    return settings
+
+
+def _runner(args: argparse.Namespace, settings: Settings) -> Runner | None:
+    from kf_culler.runner import Runner, api_client
+
+    try:
+        api = api_client(args.kubeconfig)
+    except Exception as err:
+        print(f"kf-culler {args.command}: cannot load Kubernetes credentials: {err}", file=sys.stderr)
+        return None
+    return Runner(settings, api, dry_run=getattr(args, "dry_run", False) or args.command != "run")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from kf_culler.report import render
+
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    runner = _runner(args, settings)
+    if runner is None:
+        return 1
+    cache = runner.start_cache(timeout=args.timeout)
+    try:
+        if not cache.synced:
+            print(f"kf-culler check: could not list notebooks within {args.timeout:g} s "
+                  f"(is the API server reachable and the Notebook CRD installed?)", file=sys.stderr)
+            return 1
+        print(render(runner.once(), args.output))
+    finally:
+        cache.close()
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from kf_culler.report import explain
+
+    ns, sep, name = args.notebook.partition("/")
+    if not sep or not ns or not name:
+        print("kf-culler explain: give the notebook as NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    runner = _runner(args, settings)
+    if runner is None:
+        return 1
+    cache = runner.start_cache(timeout=args.timeout)
+    try:
+        items = [(nb, pod) for nb, pod in cache.snapshot()
+                 if (nb.get("metadata") or {}).get("namespace") == ns and (nb.get("metadata") or {}).get("name") == name]
+        if not items:
+            print(f"kf-culler explain: notebook {ns}/{name} not found", file=sys.stderr)
+            return 1
+        result = runner.build_cycle().run(items)
+    finally:
+        cache.close()
+    if not result.results:
+        print(f"kf-culler explain: {ns}/{name} is not selected by the configuration "
+              "(namespaces.include/exclude or gpuOnly)", file=sys.stderr)
+        return 1
+    print(explain(result.results[0]))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from kf_culler.service import Options, serve
+
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    runner = _runner(args, settings)
+    if runner is None:
+        return 1
+    runner.install_signal_handlers()
+    return serve(runner, Options(
+        once=args.once, metrics_address=args.metrics_address, leader_elect=args.leader_elect,
+        lease_namespace=args.lease_namespace, lease_name=args.lease_name, record=args.record,
+        record_hash_key=args.record_hash_key, json_logs=not args.text_logs))
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", metavar="FILE", help="configuration YAML (default: built-in defaults)")
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig to use (default: in-cluster service account, else ~/.kube/config)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kf-culler",
@@ -52,6 +153,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", "-i", required=True, metavar="FILE|-", help="scenario JSON, or - for stdin")
     p.add_argument("--compact", action="store_true", help="print the verdict on one line")
     p.set_defaults(func=cmd_decide)
+
+    p = sub.add_parser("check", help="one pass over the cluster, writing nothing; prints a table",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _cluster_args(p)
+    p.add_argument("--output", "-o", choices=("table", "wide", "json", "yaml"), default="table")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the notebook list")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("explain", help="every source's answer for one notebook, and the rule that decided",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("notebook", metavar="NAMESPACE/NAME")
+    _cluster_args(p)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the notebook list")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("run", help="the culler: a pass every checkPeriodSeconds until SIGTERM",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _cluster_args(p)
+    p.add_argument("--dry-run", action="store_true", help="decide and report, write nothing")
+    p.add_argument("--once", action="store_true", help="run one pass and exit")
+    p.add_argument("--metrics-address", metavar="HOST:PORT",
+                   help="serve /metrics, /healthz and /readyz here (e.g. 0.0.0.0:9090)")
+    p.add_argument("--leader-elect", action="store_true",
+                   help="hold a coordination.k8s.io Lease; only the holder writes")
+    p.add_argument("--lease-namespace", default=None, help="namespace of the Lease (default: POD_NAMESPACE)")
+    p.add_argument("--lease-name", default="kf-culler")
+    p.add_argument("--record", metavar="FILE", help="append what the culler observed to a replay trace")
+    p.add_argument("--record-hash-key", metavar="KEY",
+                   help="hash namespaces and names in the trace with this key")
+    p.add_argument("--text-logs", action="store_true", help="human-readable logs instead of JSON lines")
+    p.set_defaults(func=cmd_run)
     return parser
 
 

@@ -1,0 +1,139 @@
+"""Prometheus metrics and the /metrics, /healthz, /readyz endpoints."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from kf_culler.cycle import CycleResult, NotebookResult
+from kf_culler.decide import gpu_count
+from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
+from kf_culler.timeutil import parse_time
+
+STATES = ("active", "connected", "idle", "no-signal", "starting", "exempt", "stopped")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.notebooks = Gauge("kf_culler_notebooks", "Notebooks by state in the last pass", ["state"], registry=r)
+        self.stops = Counter("kf_culler_stops", "Notebooks stopped, by deciding rule", ["reason_rule"], registry=r)
+        self.warnings = Counter("kf_culler_warnings", "Stop warnings given, by rule", ["reason_rule"], registry=r)
+        self.probe_seconds = Histogram("kf_culler_probe_seconds", "Probe latency", ["source"], registry=r,
+                                       buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.probe_errors = Counter("kf_culler_probe_errors", "Probes that gave no answer", ["source"], registry=r)
+        self.cycle_seconds = Histogram("kf_culler_cycle_seconds", "Duration of a full pass", registry=r,
+                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300))
+        self.api_writes = Counter("kf_culler_api_writes", "Writes to the API server", ["kind"], registry=r)
+        self.gpu_hours = Counter("kf_culler_gpu_hours_reclaimed",
+                                 "GPU-hours reclaimed: GPUs x time from a stop until a restart or now", registry=r)
+        self.leader = Gauge("kf_culler_leader", "1 while this replica holds the lease", registry=r)
+        self._accounted: dict[tuple[str, str], datetime] = {}
+        self._started = time.time()
+
+    def observe_result(self, r: NotebookResult) -> None:
+        source = SERVER_SOURCES.get(r.server_type, r.server_type)
+        for call in r.calls:
+            self.probe_seconds.labels(source).observe(call.seconds)
+            if call.error:
+                self.probe_errors.labels(source).inc()
+        w = r.write
+        if w is None or w.outcome != "patched":
+            return
+        self.api_writes.labels("patch").inc(w.attempts)
+        if w.event == "created":
+            self.api_writes.labels("event").inc()
+        if r.verdict.action == "stop":
+            self.stops.labels(r.verdict.rule).inc()
+        elif r.verdict.action == "warn" and w.event == "created":
+            self.warnings.labels(r.verdict.rule).inc()
+
+    def observe_cycle(self, result: CycleResult) -> None:
+        self.cycle_seconds.observe(result.seconds)
+        counts = dict.fromkeys(STATES, 0)
+        for r in result.results:
+            counts[r.verdict.state] = counts.get(r.verdict.state, 0) + 1
+        for state, n in counts.items():
+            self.notebooks.labels(state).set(n)
+
+    def account_reclaimed(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime,
+                          gpu_resources: tuple[str, ...]) -> None:
+        """Add GPUs x elapsed time for every notebook this culler stopped and nobody restarted yet."""
+        seen = set()
+        for nb, _pod in items:
+            ann = (nb.get("metadata") or {}).get("annotations") or {}
+            if STOP_ANNOTATION not in ann or ann.get(STOPPED_BY_ANNOTATION) != STOPPED_BY_VALUE:
+                continue
+            gpus = gpu_count(nb, None, gpu_resources)
+            if gpus <= 0:
+                continue
+            meta = nb.get("metadata") or {}
+            key = (str(meta.get("namespace")), str(meta.get("name")))
+            seen.add(key)
+            stopped = parse_time(ann.get(STOPPED_AT_ANNOTATION)) or parse_time(ann.get(STOP_ANNOTATION)) or now
+            since = self._accounted.get(key, max(stopped, datetime.fromtimestamp(self._started, now.tzinfo)))
+            if now > since:
+                self.gpu_hours.inc(gpus * (now - since).total_seconds() / 3600)
+            self._accounted[key] = now
+        for key in list(self._accounted):
+            if key not in seen:
+                del self._accounted[key]
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthServer:
+    """Serves /metrics, /healthz (the process answers) and /readyz (caches synced, last pass recent)."""
+
+    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> None:
+        host, _, port = address.rpartition(":")
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, outer.metrics.render(), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    self._send(200, b"ok\n")
+                elif path == "/readyz":
+                    ok, why = outer.ready()
+                    self._send(200 if ok else 503, (why + "\n").encode())
+                else:
+                    self._send(404, b"not found\n")
+
+            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.metrics = metrics
+        self.ready = ready
+        self.server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="health", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,100 @@
+"""`kf-culler run`: the runner plus metrics, health endpoints, leader election, logs and traces."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kf_culler.cycle import CycleResult, NotebookResult
+from kf_culler.kube.lease import LeaderElector
+from kf_culler.metrics import HealthServer, Metrics
+from kf_culler.runner import Runner
+from kf_culler.telemetry import setup_logging, setup_tracing
+
+log = logging.getLogger("kf_culler")
+
+
+@dataclass
+class Options:
+    once: bool = False
+    metrics_address: str | None = None
+    leader_elect: bool = False
+    lease_namespace: str | None = None
+    lease_name: str = "kf-culler"
+    record: str | None = None
+    record_hash_key: str | None = None
+    json_logs: bool = True
+
+
+def _log_result(r: NotebookResult) -> None:
+    v = r.verdict
+    level = logging.INFO if v.action != "keep" or (r.write and r.write.outcome == "patched") else logging.DEBUG
+    log.log(level, "%s/%s: %s (%s)", r.namespace, r.name, v.action, v.state, extra={
+        "namespace": r.namespace, "notebook": r.name, "server_type": r.server_type, "action": v.action,
+        "state": v.state, "rule": v.rule, "reason": v.reason, "idle_seconds": v.idle_seconds,
+        "trace_id": r.trace_id, "write": r.write.outcome if r.write else None,
+        "event": r.write.event if r.write else None})
+
+
+def serve(runner: Runner, opts: Options) -> int:
+    setup_logging(opts.json_logs)
+    provider = setup_tracing()
+    metrics = Metrics()
+    elector: LeaderElector | None = None
+    recorder: Any = None
+    if opts.record:
+        from kf_culler.replay.trace import TraceRecorder
+
+        recorder = TraceRecorder(opts.record, hash_key=opts.record_hash_key)
+        runner.on_observed = recorder.record
+    if opts.leader_elect:
+        namespace = opts.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
+        identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+        elector = LeaderElector(runner.api, namespace, opts.lease_name, identity)
+        runner.may_write = elector.is_leader
+        elector.start()
+
+    def on_result(r: NotebookResult) -> None:
+        metrics.observe_result(r)
+        _log_result(r)
+
+    def on_cycle(result: CycleResult) -> None:
+        metrics.observe_cycle(result)
+        if elector is not None:
+            metrics.leader.set(1 if elector.is_leader() else 0)
+        if runner.cache is not None:
+            gpu_resources = runner.settings.policy.gpu_resources
+            metrics.account_reclaimed(runner.cache.snapshot(), result.now, gpu_resources)
+        log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)
+
+    runner.on_result, runner.on_cycle = on_result, on_cycle
+    period = runner.settings.operations.check_period_seconds
+
+    def ready() -> tuple[bool, str]:
+        if runner.cache is None or not runner.cache.synced:
+            return False, "notebook cache not synced"
+        if runner.cycles and time.monotonic() - runner.last_cycle_end > 3 * period + 60:
+            return False, "no pass completed recently"
+        return True, "ready"
+
+    server = None
+    if opts.metrics_address:
+        server = HealthServer(opts.metrics_address, metrics, ready)
+        server.start()
+        log.info("serving /metrics, /healthz, /readyz on %s", opts.metrics_address)
+    try:
+        runner.start_cache()
+        runner.loop(max_cycles=1 if opts.once else None)
+    finally:
+        if elector is not None:
+            elector.stop()
+        if server is not None:
+            server.stop()
+        if recorder is not None and hasattr(recorder, "close"):
+            recorder.close()
+        provider.shutdown()
+    return 0

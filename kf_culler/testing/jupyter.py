@@ -1,0 +1,122 @@
+"""Real Jupyter servers on loopback (jupyter_server + ipykernel), as Kubeflow runs them: a base_url of
+/notebook/<namespace>/<name>/ and an empty token."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kf_culler.testing import procs
+
+
+class JupyterServer:
+    def __init__(self, namespace: str, name: str, terminals: bool = True) -> None:
+        self.namespace, self.name = namespace, name
+        self.port = procs.free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="kf-culler-jupyter-"))
+        self.base_path = f"/notebook/{namespace}/{name}/"
+        self.url = f"http://127.0.0.1:{self.port}{self.base_path}"
+        self.terminals = terminals
+        self.proc: Any = None
+        self.log = self.dir / "server.log"
+
+    def __enter__(self) -> JupyterServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 60) -> None:
+        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.dir / "runtime"),
+               "JUPYTER_DATA_DIR": str(self.dir / "data"), "JUPYTER_CONFIG_DIR": str(self.dir / "config"),
+               "IPYTHONDIR": str(self.dir / "ipython"), "HOME": str(self.dir)}
+        cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
+               f"--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+               f"--ServerApp.base_url={self.base_path}", "--IdentityProvider.token=",
+               "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
+               f"--ServerApp.root_dir={self.dir}",
+               f"--ServerApp.terminals_enabled={self.terminals}"]
+        self.proc = procs.start(cmd, self.log, env=env, cwd=self.dir)
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter server exited: {procs.tail(self.log)}")
+            try:
+                self.get("api/status")
+                return True
+            except OSError:
+                return False
+
+        try:
+            procs.wait_until(up, timeout, 0.2, "the Jupyter server")
+        except TimeoutError as err:
+            raise RuntimeError(f"{err}: {procs.tail(self.log)}") from None
+
+    def stop(self) -> None:
+        procs.stop(self.proc)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- the REST API, as a user's browser would use it ----------------------------------------------
+    def _req(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    def get(self, path: str) -> Any:
+        return self._req("GET", path)
+
+    def start_kernel(self) -> str:
+        kernel = self._req("POST", "api/kernels", {"name": "python3"})
+        kid = str(kernel["id"])
+        procs.wait_until(lambda: self.kernel_state(kid) == "idle", 60, 0.2, "the kernel to start")
+        return kid
+
+    def new_terminal(self) -> str:
+        return str(self._req("POST", "api/terminals")["name"])
+
+    def kernel_state(self, kernel_id: str) -> str:
+        return str(self.get(f"api/kernels/{kernel_id}?no_track_activity=1").get("execution_state"))
+
+    def execute(self, kernel_id: str, code: str, wait_busy: bool = True) -> None:
+        """Send an execute_request over the kernel's websocket channel (the kernel protocol), then close."""
+        import asyncio
+
+        import aiohttp
+
+        async def send() -> None:
+            ws_url = self.url.replace("http://", "ws://") + f"api/kernels/{kernel_id}/channels"
+            session = uuid.uuid4().hex
+            msg = {"header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": "test",
+                              "session": session, "date": "", "version": "5.3"},
+                   "parent_header": {}, "metadata": {}, "channel": "shell",
+                   "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                               "allow_stdin": False, "stop_on_error": True}}
+            async with aiohttp.ClientSession() as http, http.ws_connect(ws_url) as ws:
+                await ws.send_str(json.dumps(msg))
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    reply = await ws.receive(timeout=30)
+                    if reply.type != aiohttp.WSMsgType.TEXT:
+                        break
+                    data = json.loads(reply.data)
+                    if data.get("msg_type") == "status" and data["content"].get("execution_state") == "busy":
+                        break
+
+        asyncio.run(send())
+        if wait_busy:
+            procs.wait_until(lambda: self.kernel_state(kernel_id) == "busy", 30, 0.1, "the kernel to be busy")
+
+    def interrupt(self, kernel_id: str) -> None:
+        self._req("POST", f"api/kernels/{kernel_id}/interrupt")

@@ -1,0 +1,212 @@
+"""Edge cases of the decision rules beyond the shared scenarios, as a table, plus property tests."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kf_culler.config import load_mapping
+from kf_culler.decide import decide
+from kf_culler.model import InputError
+from kf_culler.scenario import verdict_for_document
+
+BASE = json.loads((Path(__file__).parent / "scenarios" / "01-jupyter-idle-kernel.json").read_text())
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def scenario(**changes: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        cur = doc
+        keys = path.split("__")
+        for k in keys[:-1]:
+            cur = cur[k]
+        if value is DELETE:
+            cur.pop(keys[-1], None)
+        else:
+            cur[keys[-1]] = value
+    return doc
+
+
+DELETE = object()
+ANN = "notebook__metadata__annotations"
+JUP = "observations__jupyter"
+GPU_IDLE = {"samples": [{"time": f"2026-11-29T{h:02d}:{m:02d}:00Z", "utilPercent": 0, "memoryUsedMiB": 0}
+                        for h in range(8, 12) for m in (0, 30)]}
+
+
+def gpu_series(util: float, mem: float) -> dict[str, Any]:
+    return {"samples": [{"time": "2026-11-29T11:55:00Z", "utilPercent": util, "memoryUsedMiB": mem},
+                        {"time": "2026-11-29T12:00:00Z", "utilPercent": util, "memoryUsedMiB": mem}]}
+
+
+def busy_jupyter(last: str = "2026-11-29T09:00:00.000000Z") -> dict[str, Any]:
+    j = copy.deepcopy(BASE["observations"]["jupyter"])
+    j["kernels"][0]["execution_state"] = "busy"
+    j["kernels"][0]["last_activity"] = last
+    return j
+
+
+def code_server(status: str, beat_ms: int) -> dict[str, Any]:
+    return {"healthz": {"status": status, "lastHeartbeat": beat_ms}}
+
+
+T10 = 1795946400000  # 2026-11-29T10:00:00Z in ms
+
+CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    ("busy kernel, GPU metrics missing", {JUP: busy_jupyter(), "observations__gpu": {"error": "down"}},
+     "keep", "active"),
+    ("busy kernel on an idle GPU counts when the policy says nothing", {JUP: busy_jupyter()}, "keep", "active"),
+    ("busy kernel stops counting after the GPU idled long enough",
+     {JUP: busy_jupyter(), "config__busyKernelGpuIdleMinutes": 60}, "stop", "idle"),
+    ("busy kernel counts while the GPU idled less than the limit",
+     {JUP: busy_jupyter(), "config__busyKernelGpuIdleMinutes": 600}, "keep", "active"),
+    ("utilisation without memory is no work", {"observations__gpu": gpu_series(90, 0)}, "stop", "idle"),
+    ("memory without utilisation is an idle GPU", {"observations__gpu": gpu_series(0, 30000)}, "stop", "idle"),
+    ("GPU work in the latest sample", {"observations__gpu": gpu_series(50, 1000)}, "keep", "active"),
+    ("GPU notebook without GPU metrics, IDE idle past the limit", {"observations__gpu": {"error": "no series"}},
+     "keep", "no-signal"),
+    ("GPU notebook without GPU metrics asked", {"observations__gpu": DELETE}, "keep", "no-signal"),
+    ("GPU metrics missing but IDE active inside the window: kept, never stopped on half the evidence",
+     {"observations__gpu": {"error": "x"}, f"{JUP}__status__last_activity": "2026-11-29T11:50:00Z"},
+     "keep", "idle"),
+    ("empty GPU answer is no signal", {"observations__gpu": {"samples": []}}, "keep", "no-signal"),
+    ("one unreadable GPU sample makes the whole answer unreadable",
+     {"observations__gpu": {"samples": [*GPU_IDLE["samples"], {"time": "bad", "utilPercent": 0,
+                                                                "memoryUsedMiB": 0}]}}, "keep", "no-signal"),
+    ("exempt", {f"{ANN}__notebook-culler.io/exempt": "true"}, "keep", "exempt"),
+    ("exempt not honoured", {f"{ANN}__notebook-culler.io/exempt": "true", "config__allowExempt": False},
+     "stop", "idle"),
+    ("stopped by another controller's lock", {f"{ANN}__kubeflow-resource-stopped": "odh-notebook-controller-lock"},
+     "keep", "stopped"),
+    ("pending pod", {"pod__status": {"phase": "Pending"}}, "keep", "starting"),
+    ("no pod", {"pod": None}, "keep", "starting"),
+    ("RStudio server without an RStudio answer", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-two"},
+     "keep", "no-signal"),
+    ("code-server notebook: Jupyter's answer is ignored",
+     {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one"}, "keep", "no-signal"),
+    ("unknown server type", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-nine"}, "keep", "no-signal"),
+    ("future activity counts as now", {f"{JUP}__status__last_activity": "2027-01-01T00:00:00Z"}, "keep", "idle"),
+    ("one bad kernel timestamp makes Jupyter unreadable",
+     {f"{JUP}__kernels": [{"id": "k", "name": "python3", "last_activity": "soon", "execution_state": "idle",
+                           "connections": 0}]}, "keep", "no-signal"),
+    ("connections as a string make Jupyter unreadable", {f"{JUP}__status__connections": "1"}, "keep", "no-signal"),
+    ("no-signal policy stops after its limit",
+     {JUP: {"error": "timeout"}, "config__noSignal": {"action": "stop", "afterMinutes": 60}}, "stop", "no-signal"),
+    ("no-signal policy waits for its limit",
+     {JUP: {"error": "timeout"}, "config__noSignal": {"action": "stop", "afterMinutes": 6000}}, "keep", "no-signal"),
+    ("a forged last-activity annotation is not evidence",
+     {f"{ANN}__notebooks.kubeflow.org/last-activity": "2026-11-29T11:59:00Z"}, "stop", "idle"),
+    ("a Jupyter client connected is kept", {f"{JUP}__status__connections": 1}, "keep", "connected"),
+    ("connected code-server with an idle GPU reclaimed when the policy allows",
+     {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one", "observations__codeServer":
+      code_server("alive", 1795953580000), "config__connectedGpuIdleMinutes": 60}, "stop", "connected"),
+    ("code-server never connected since a start 8 h ago",
+     {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
+      "observations__codeServer": code_server("expired", 0)}, "stop", "idle"),
+    ("code-server heartbeat recent", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
+                                      "observations__codeServer": code_server("expired", T10 + 2 * 3600_000 - 60_000)},
+     "keep", "idle"),
+    ("code-server heartbeat of the wrong type", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
+                                                 "observations__codeServer": code_server("expired", "x")},  # type: ignore[arg-type]
+     "keep", "no-signal"),
+    ("unreadable keep-until is ignored", {f"{ANN}__notebook-culler.io/keep-until": "tomorrow",
+                                          "config__maxExtendMinutes": 120}, "stop", "idle"),
+    ("keep-until in the warning window warns", {f"{ANN}__notebook-culler.io/keep-until": "2026-11-29T12:05:00Z",
+                                               "config__maxExtendMinutes": 600, "config__warnMinutes": 10},
+     "warn", "idle"),
+    ("keep-until earlier than the stop does not hasten it",
+     {f"{ANN}__notebook-culler.io/keep-until": "2026-11-29T09:00:00Z", "config__maxExtendMinutes": 600,
+      f"{JUP}__status__last_activity": "2026-11-29T11:30:00Z", f"{JUP}__kernels": []}, "keep", "idle"),
+    ("a namespace override applies", {"config__namespaceOverrides": {"team-a": {"idleMinutes": 600}}},
+     "keep", "idle"),
+    ("CPU notebook with a GPU answer from nowhere still decides on the IDE",
+     {"pod__spec__containers": [{"name": "c", "resources": {}}],
+      "notebook__spec__template__spec__containers": [{"name": "c", "resources": {}}],
+      "observations__gpu": {"error": "no series"}}, "stop", "idle"),
+]
+
+
+@pytest.mark.parametrize("title,changes,action,state", CASES, ids=[c[0] for c in CASES])
+def test_rule_table(title: str, changes: dict[str, Any], action: str, state: str) -> None:
+    v = verdict_for_document(scenario(**changes)).to_dict()
+    assert (v["action"], v["state"]) == (action, state), v["reason"]
+    if action != "keep":
+        assert v["reason"]
+
+
+def test_reason_names_both_idle_signals_for_code_server() -> None:
+    v = verdict_for_document(scenario(**{f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
+                                        "observations__codeServer": code_server("expired", T10)}))
+    assert v.action == "stop"
+    assert "code-server" in v.reason and "GPU" in v.reason
+
+
+def test_unreadable_keep_until_is_mentioned() -> None:
+    v = verdict_for_document(scenario(**{f"{ANN}__notebook-culler.io/keep-until": "tomorrow",
+                                        "config__maxExtendMinutes": 60}))
+    assert "keep-until" in v.reason and "ignored" in v.reason
+
+
+def test_idle_since_is_latest_activity() -> None:
+    v = verdict_for_document(scenario()).to_dict()
+    assert v["idleSince"] == "2026-11-29T09:00:00Z" and v["idleSeconds"] == 3 * 3600
+
+
+# -- properties -------------------------------------------------------------------------------------------
+
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=True),
+                      st.text(max_size=30), st.sampled_from(["2026-11-29T11:00:00Z", "9999-12-31T23:59:59Z",
+                                                              "0001-01-01T00:00:00Z", "busy", "idle", "alive",
+                                                              "expired"]))
+json_any = st.recursive(json_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(
+        ["status", "kernels", "terminals", "last_activity", "execution_state", "connections", "healthz",
+         "lastHeartbeat", "samples", "time", "utilPercent", "memoryUsedMiB", "error", "connected", "busy",
+         "lastActivity", "x"]), inner, max_size=6)), max_leaves=25)
+POLICY = load_mapping({}, "test").policy
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(notebook=json_any, pod=json_any, observations=json_any)
+def test_any_input_gives_a_verdict_or_an_input_error(notebook: Any, pod: Any, observations: Any) -> None:
+    try:
+        v = decide(notebook, pod, observations, POLICY, NOW)
+    except InputError:
+        return
+    assert v.action in ("keep", "warn", "stop")
+
+
+@settings(max_examples=300, deadline=None)
+@given(garbage=json_any, source=st.sampled_from(["jupyter", "gpu"]),
+       now=st.datetimes(min_value=datetime(1970, 1, 2), max_value=datetime(9999, 12, 1), timezones=st.just(UTC)))
+def test_never_stop_on_unreadable_evidence(garbage: Any, source: str, now: datetime) -> None:
+    """Replace the IDE's or the GPU's answer by anything unreadable: the verdict is never `stop`."""
+    from kf_culler.readings import Unreadable, parse_gpu, parse_jupyter
+
+    try:
+        (parse_jupyter if source == "jupyter" else parse_gpu)(garbage)
+        return  # by chance readable: not this property's case
+    except Unreadable:
+        pass
+    doc = scenario(**{f"observations__{source}": garbage})
+    v = decide(doc["notebook"], doc["pod"], doc["observations"], POLICY, now)
+    assert v.action != "stop"
+
+
+@settings(max_examples=200, deadline=None)
+@given(idle=st.floats(min_value=0.001, max_value=5_000_000), warn=st.floats(min_value=0, max_value=5_000_000),
+       extend=st.floats(min_value=0, max_value=5_000_000),
+       until=st.sampled_from(["0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "2026-11-29T12:00:00+14:00"]))
+def test_absurd_policy_numbers_and_times_never_crash(idle: float, warn: float, extend: float, until: str) -> None:
+    doc = scenario(**{"config__idleMinutes": idle, "config__warnMinutes": warn, "config__maxExtendMinutes": extend,
+                      f"{ANN}__notebook-culler.io/keep-until": until})
+    v = verdict_for_document(doc)
+    assert v.action in ("keep", "warn", "stop")
