@@ -1,0 +1,196 @@
+"""A small synchronous client for the Prometheus HTTP query API, shared by the GPU and RStudio sources.
+
+Each bulk source makes a constant number of queries per cycle, so a blocking client is enough; the
+cycle runs it in a worker thread. The bearer token is read from its file on every query, so a
+rotated token is picked up without a restart. Every failure is a `PromError` with a short message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from kf_culler.config import PrometheusSettings
+
+MAX_RESPONSE_BYTES = 64 << 20
+
+
+class PromError(Exception):
+    """Prometheus could not answer this query; the message says why."""
+
+
+@dataclass
+class Series:
+    """One series of a query answer: its labels and its (unix time, value) points, finite values only."""
+
+    labels: dict[str, str]
+    points: list[tuple[float, float]] = field(default_factory=list)
+
+
+def rfc3339(ts: float) -> str:
+    """Unix seconds as RFC 3339 UTC with a `Z` (fractions only when there are some)."""
+    moment = datetime.fromtimestamp(ts, tz=UTC)
+    if moment.microsecond:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def duration(seconds: float) -> str:
+    """A PromQL duration in whole milliseconds (`90s`, `1500ms`)."""
+    ms = max(1, round(seconds * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+class PrometheusClient:
+    """Runs instant and range queries against one Prometheus; counts the queries it sends."""
+
+    def __init__(self, settings: PrometheusSettings, session: requests.Session | None = None) -> None:
+        self.settings = settings
+        self.session = session or requests.Session()
+        self.session.headers.update({"Accept": "application/json", "User-Agent": "kf-culler"})
+        self.queries = 0
+
+    def close(self) -> None:
+        self.session.close()
+
+    # -- public queries -------------------------------------------------------------------------
+
+    def query(self, expr: str, at: datetime) -> list[Series]:
+        """An instant query evaluated at `at`; a vector answer (a scalar becomes one label-less series)."""
+        data = self._post("query", {"query": expr, "time": f"{at.timestamp():.3f}"})
+        kind = data.get("resultType")
+        result = data.get("result")
+        if kind == "scalar" and isinstance(result, list):
+            return [Series({}, _points([result]))]
+        if kind != "vector" or not isinstance(result, list):
+            raise PromError(f"expected a vector answer, got {str(kind)[:20]!r}")
+        out = []
+        for item in result:
+            if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
+                raise PromError("a vector element has no metric labels")
+            out.append(Series(_labels(item["metric"]), _points([item.get("value")])))
+        return out
+
+    def query_range(self, expr: str, start: datetime, end: datetime, step: float) -> list[Series]:
+        """A range query over [start, end] every `step` seconds; a matrix answer."""
+        data = self._post("query_range", {
+            "query": expr, "start": f"{start.timestamp():.3f}", "end": f"{end.timestamp():.3f}",
+            "step": f"{step:g}",
+        })
+        if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+            raise PromError(f"expected a matrix answer, got {str(data.get('resultType'))[:20]!r}")
+        out = []
+        for item in data["result"]:
+            if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
+                raise PromError("a matrix element has no metric labels")
+            values = item.get("values")
+            if not isinstance(values, list):
+                raise PromError("a matrix element has no values")
+            out.append(Series(_labels(item["metric"]), _points(values)))
+        return out
+
+    # -- transport ------------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        path = self.settings.bearer_token_file
+        if not path:
+            return {}
+        try:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as err:
+            raise PromError(f"cannot read bearerTokenFile {path}: {err.strerror or err}") from None
+        if not token:
+            raise PromError(f"bearerTokenFile {path} is empty")
+        return {"Authorization": f"Bearer {token}"}
+
+    def _verify(self) -> bool | str:
+        if self.settings.insecure_skip_verify:
+            return False
+        return self.settings.ca_file or True
+
+    def _post(self, api: str, form: dict[str, str]) -> dict[str, Any]:
+        if not self.settings.url:
+            raise PromError("no Prometheus URL is configured (prometheus.url)")
+        url = self.settings.url.rstrip("/") + "/api/v1/" + api
+        budget = self.settings.timeout_seconds
+        form = {**form, "timeout": duration(budget)}
+        headers = self._headers()
+        self.queries += 1
+        started = time.monotonic()
+        try:
+            with self.session.post(url, data=form, headers=headers, timeout=(min(budget, 5.0), budget),
+                                   verify=self._verify(), stream=True, allow_redirects=False) as resp:
+                body = _read_capped(resp, started, budget)
+                status = resp.status_code
+        except requests.exceptions.SSLError as err:
+            raise PromError(f"TLS error talking to Prometheus: {_short(err)}") from None
+        except requests.exceptions.ConnectionError as err:
+            raise PromError(f"cannot reach Prometheus: {_short(err)}") from None
+        except requests.exceptions.Timeout:
+            raise PromError(f"Prometheus did not answer within {budget:g}s") from None
+        except requests.exceptions.RequestException as err:
+            raise PromError(f"{type(err).__name__}: {_short(err)}") from None
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            doc = None
+        if status != 200:
+            detail = ""
+            if isinstance(doc, dict) and doc.get("error"):
+                detail = f": {str(doc.get('errorType', ''))[:40]} {str(doc['error'])[:200]}".rstrip()
+            raise PromError(f"Prometheus answered HTTP {status}{detail}")
+        if not isinstance(doc, dict):
+            raise PromError("the Prometheus answer is not a JSON object")
+        if doc.get("status") != "success":
+            raise PromError(f"Prometheus query failed: {str(doc.get('error', doc.get('status')))[:200]}")
+        data = doc.get("data")
+        if not isinstance(data, dict):
+            raise PromError("the Prometheus answer has no data")
+        return data
+
+
+def _read_capped(resp: requests.Response, started: float, budget: float) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in resp.iter_content(65536):
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise PromError(f"the Prometheus answer exceeds {MAX_RESPONSE_BYTES} bytes")
+        if time.monotonic() - started > budget:
+            raise PromError(f"Prometheus did not answer within {budget:g}s")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _short(err: Exception) -> str:
+    text = str(err)
+    # urllib3 wraps the cause in long reprs; the last part names it.
+    if "Caused by" in text:
+        text = text.split("Caused by", 1)[1]
+    return text.strip(" ():'\"")[:200]
+
+
+def _labels(raw: dict[Any, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def _points(raw: list[Any]) -> list[tuple[float, float]]:
+    out = []
+    for pair in raw:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            raise PromError("a sample is not a [time, value] pair")
+        try:
+            ts = float(pair[0])
+            value = float(pair[1])
+        except (TypeError, ValueError):
+            raise PromError(f"a sample is not numeric: {str(pair)[:60]}") from None
+        if math.isfinite(ts) and math.isfinite(value):
+            out.append((ts, value))
+    return out

@@ -1,0 +1,368 @@
+"""A real Prometheus on loopback, and small stand-in exporters for it to scrape.
+
+`Prometheus` starts the Debian package's binary (installing it with apt-get when it is missing and we
+are root) on a free 127.0.0.1 port with a temporary configuration and TSDB directory, and removes
+both when stopped. `StubServer` is a threaded HTTP server on 127.0.0.1 that answers from a callable:
+the stand-in dcgm-exporter, cAdvisor or Istio endpoints that Prometheus scrapes, or a fake Prometheus
+API (a 503, a bearer-token check). `dcgm_exposition` writes dcgm-exporter's text format.
+
+Used by the tests, the demo and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kf_culler.testing import procs
+
+
+class Unavailable(RuntimeError):
+    """Prometheus cannot be run here; the message says why."""
+
+
+POLICY_RC = Path("/usr/sbin/policy-rc.d")
+
+
+def ensure_prometheus() -> str:
+    """The path of the `prometheus` binary, installing the Debian package when missing (root only)."""
+    found = shutil.which("prometheus")
+    if found:
+        return found
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        raise Unavailable("prometheus is not installed and installing it needs root "
+                          "(apt-get install -y prometheus)")
+    if not shutil.which("apt-get"):
+        raise Unavailable("prometheus is not installed and there is no apt-get to install it")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # Keep the package's service from starting (it would listen on all interfaces).
+    made_policy = False
+    if not POLICY_RC.exists():
+        POLICY_RC.write_text("#!/bin/sh\nexit 101\n")
+        POLICY_RC.chmod(0o755)
+        made_policy = True
+    try:
+        for cmd in (["apt-get", "update"],
+                    ["apt-get", "install", "-y", "--no-install-recommends", "prometheus"]):
+            try:
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
+            except (OSError, subprocess.TimeoutExpired) as err:
+                raise Unavailable(f"{' '.join(cmd)} failed: {err}") from None
+            if done.returncode != 0:
+                tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+                raise Unavailable(f"{' '.join(cmd)} exited {done.returncode}: {tail}")
+    finally:
+        if made_policy:
+            POLICY_RC.unlink(missing_ok=True)
+    found = shutil.which("prometheus")
+    if not found:
+        raise Unavailable("apt-get installed prometheus but no prometheus binary is on PATH")
+    return found
+
+
+# -- stand-in HTTP endpoints ---------------------------------------------------------------------
+
+@dataclass
+class Seen:
+    """One request a StubServer answered."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+Reply = tuple[int, str, bytes]  # status, content type, body
+Handler = Callable[[Seen], Reply]
+
+
+class StubServer:
+    """A threaded HTTP/1.0 server on 127.0.0.1 (one request per connection: no keep-alive stalls)."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.seen: list[Seen] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class _Handler(BaseHTTPRequestHandler):
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                seen = Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                with outer._lock:
+                    outer.seen.append(seen)
+                try:
+                    status, ctype, payload = outer.handler(seen)
+                except Exception as err:  # a broken stand-in answers 500, it does not hang
+                    status, ctype, payload = 500, "text/plain", f"{type(err).__name__}: {err}".encode()
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = _serve
+            do_POST = _serve
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        daemon=True, name=f"stub-{self.port}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> StubServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+    def requests(self) -> list[Seen]:
+        with self._lock:
+            return list(self.seen)
+
+    def __enter__(self) -> StubServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def text_reply(text: str, status: int = 200) -> Reply:
+    return status, "text/plain; version=0.0.4; charset=utf-8", text.encode()
+
+
+def json_reply(doc: Any, status: int = 200) -> Reply:
+    return status, "application/json", json.dumps(doc).encode()
+
+
+class Exposition:
+    """A /metrics endpoint whose text can be replaced while Prometheus scrapes it."""
+
+    def __init__(self, text: str = "") -> None:
+        self._text = text
+        self._lock = threading.Lock()
+        self.stub = StubServer(self._handle)
+
+    def set(self, text: str) -> None:
+        with self._lock:
+            self._text = text
+
+    def _handle(self, seen: Seen) -> Reply:
+        if not seen.path.startswith("/metrics"):
+            return text_reply("not found\n", 404)
+        with self._lock:
+            return text_reply(self._text)
+
+    def __enter__(self) -> Exposition:
+        self.stub.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stub.stop()
+
+
+# -- dcgm-exporter's text format -----------------------------------------------------------------
+
+# HELP texts and types as in dcgm-exporter's etc/default-counters.csv and etc/dcp-metrics-included.csv.
+DCGM_HELP = {
+    "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilization (in %)."),
+    "DCGM_FI_DEV_FB_FREE": ("gauge", "Framebuffer memory free (in MiB)."),
+    "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB)."),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gauge", "Ratio of time the graphics engine is active."),
+}
+
+
+@dataclass
+class FakeGpu:
+    """One GPU as dcgm-exporter reports it, optionally assigned to a pod."""
+
+    index: int
+    uuid: str
+    util: float = 0.0
+    used_mib: float = 0.0
+    total_mib: float = 81920.0
+    engine_active: float | None = None
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    hostname: str = "gpu-node-1"
+    model: str = "NVIDIA A100-SXM4-80GB"
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def labels(self) -> str:
+        pairs = [("gpu", str(self.index)), ("UUID", self.uuid),
+                 ("pci_bus_id", f"00000000:{self.index + 7:02X}:00.0"), ("device", f"nvidia{self.index}"),
+                 ("modelName", self.model), ("Hostname", self.hostname),
+                 ("DCGM_FI_DRIVER_VERSION", "550.54.15"),
+                 ("container", self.container), ("namespace", self.namespace), ("pod", self.pod)]
+        pairs.extend(self.extra.items())
+        return ",".join(f'{k}="{v}"' for k, v in pairs)
+
+
+def dcgm_exposition(gpus: Iterable[FakeGpu]) -> str:
+    """dcgm-exporter's /metrics text for these GPUs (HELP and TYPE once per family, then one line per GPU)."""
+    gpus = list(gpus)
+    values: dict[str, Callable[[FakeGpu], float | None]] = {
+        "DCGM_FI_DEV_GPU_UTIL": lambda g: g.util,
+        "DCGM_FI_DEV_FB_FREE": lambda g: g.total_mib - g.used_mib,
+        "DCGM_FI_DEV_FB_USED": lambda g: g.used_mib,
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": lambda g: g.engine_active,
+    }
+    lines: list[str] = []
+    for name, value_of in values.items():
+        rows = [(g, value_of(g)) for g in gpus]
+        rows = [(g, v) for g, v in rows if v is not None]
+        if not rows:
+            continue
+        kind, text = DCGM_HELP[name]
+        lines.append(f"# HELP {name} {text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for g, v in rows:
+            lines.append(f"{name}{{{g.labels()}}} {v:g}")
+    return "\n".join(lines) + "\n"
+
+
+# -- Prometheus itself ---------------------------------------------------------------------------
+
+class Prometheus:
+    """One Prometheus process on 127.0.0.1 with a temporary config and TSDB, removed on stop."""
+
+    def __init__(self, scrape_configs: Sequence[dict[str, Any]], scrape_interval: str = "1s",
+                 web_config: dict[str, Any] | None = None, binary: str | None = None,
+                 retention: str = "2h") -> None:
+        self.binary = binary or ensure_prometheus()
+        self.scrape_configs = list(scrape_configs)
+        self.scrape_interval = scrape_interval
+        self.web_config = web_config
+        self.retention = retention
+        self.dir: Path | None = None
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.web_config and "tls_server_config" in self.web_config else "http"
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("Prometheus is not started")
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> Prometheus:
+        self.dir = Path(tempfile.mkdtemp(prefix="kfc-prom-"))
+        (self.dir / "data").mkdir()
+        config = {"global": {"scrape_interval": self.scrape_interval,
+                             "scrape_timeout": self.scrape_interval,
+                             "evaluation_interval": "1m"},
+                  "scrape_configs": self.scrape_configs}
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        self.port = procs.free_port()
+        cmd = [self.binary, f"--config.file={self.dir / 'prometheus.yml'}",
+               f"--storage.tsdb.path={self.dir / 'data'}",
+               f"--storage.tsdb.retention.time={self.retention}",
+               f"--web.listen-address=127.0.0.1:{self.port}",
+               "--log.level=warn"]
+        if self.web_config is not None:
+            (self.dir / "web.yml").write_text(yaml.safe_dump(self.web_config, sort_keys=False))
+            cmd.append(f"--web.config.file={self.dir / 'web.yml'}")
+        self.proc = procs.start(cmd, self.dir / "prometheus.log", cwd=self.dir)
+        try:
+            procs.wait_until(self._ready, timeout, interval=0.2, what="Prometheus /-/ready")
+        except TimeoutError as err:
+            log = self.log()
+            self.stop()
+            raise Unavailable(f"{err}; log:\n{log}") from None
+        return self
+
+    def _ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise Unavailable(f"prometheus exited with {self.proc.returncode}:\n{self.log()}")
+        try:
+            ctx = None
+            if self.scheme == "https":
+                import ssl
+
+                ctx = ssl._create_unverified_context()
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2, context=ctx) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def log(self) -> str:
+        return procs.tail(self.dir / "prometheus.log") if self.dir else "(not started)"
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query through the plain HTTP API (for tests waiting on data)."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        ctx = None
+        if self.scheme == "https":
+            import ssl
+
+            ctx = ssl._create_unverified_context()
+        with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+            doc = json.loads(resp.read())
+        result = doc.get("data", {}).get("result", [])
+        return result if isinstance(result, list) else []
+
+    def wait_for(self, expr: str, count: int = 1, timeout: float = 60.0) -> None:
+        """Poll until `expr` returns at least `count` series."""
+        def enough() -> bool:
+            try:
+                return len(self.query(expr)) >= count
+            except (OSError, ValueError):
+                return False
+
+        procs.wait_until(enough, timeout, interval=0.25, what=f"{count} series of {expr}")
+
+    def stop(self) -> None:
+        procs.stop(self.proc)
+        self.proc = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def __enter__(self) -> Prometheus:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def static_job(name: str, targets: Sequence[str], honor_labels: bool = False,
+               labels: dict[str, str] | None = None, scheme: str = "http") -> dict[str, Any]:
+    """A scrape job for fixed loopback targets."""
+    group: dict[str, Any] = {"targets": list(targets)}
+    if labels:
+        group["labels"] = dict(labels)
+    return {"job_name": name, "honor_labels": honor_labels, "scheme": scheme, "metrics_path": "/metrics",
+            "static_configs": [group]}
