@@ -78,9 +78,11 @@ class JupyterServer:
         return self._req("GET", path)
 
     def start_kernel(self) -> str:
+        """Start a kernel and open it once, as a browser does (the server then learns it is idle)."""
         kernel = self._req("POST", "api/kernels", {"name": "python3"})
         kid = str(kernel["id"])
-        procs.wait_until(lambda: self.kernel_state(kid) == "idle", 60, 0.2, "the kernel to start")
+        self._send(kid, "kernel_info_request", {}, until="idle")
+        procs.wait_until(lambda: self.kernel_state(kid) == "idle", 60, 0.2, "the kernel to be idle")
         return kid
 
     def new_terminal(self) -> str:
@@ -91,32 +93,34 @@ class JupyterServer:
 
     def execute(self, kernel_id: str, code: str, wait_busy: bool = True) -> None:
         """Send an execute_request over the kernel's websocket channel (the kernel protocol), then close."""
+        self._send(kernel_id, "execute_request", {
+            "code": code, "silent": False, "store_history": False, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True}, until="busy")
+        if wait_busy:
+            procs.wait_until(lambda: self.kernel_state(kernel_id) == "busy", 30, 0.1, "the kernel to be busy")
+
+    def _send(self, kernel_id: str, msg_type: str, content: dict[str, Any], until: str) -> None:
         import asyncio
 
         import aiohttp
 
         async def send() -> None:
             ws_url = self.url.replace("http://", "ws://") + f"api/kernels/{kernel_id}/channels"
-            session = uuid.uuid4().hex
-            msg = {"header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": "test",
-                              "session": session, "date": "", "version": "5.3"},
-                   "parent_header": {}, "metadata": {}, "channel": "shell",
-                   "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                               "allow_stdin": False, "stop_on_error": True}}
+            msg = {"header": {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "username": "test",
+                              "session": uuid.uuid4().hex, "date": "", "version": "5.3"},
+                   "parent_header": {}, "metadata": {}, "channel": "shell", "content": content}
             async with aiohttp.ClientSession() as http, http.ws_connect(ws_url) as ws:
                 await ws.send_str(json.dumps(msg))
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + 60
                 while time.monotonic() < deadline:
-                    reply = await ws.receive(timeout=30)
+                    reply = await ws.receive(timeout=60)
                     if reply.type != aiohttp.WSMsgType.TEXT:
                         break
                     data = json.loads(reply.data)
-                    if data.get("msg_type") == "status" and data["content"].get("execution_state") == "busy":
+                    if data.get("msg_type") == "status" and data["content"].get("execution_state") == until:
                         break
 
         asyncio.run(send())
-        if wait_busy:
-            procs.wait_until(lambda: self.kernel_state(kernel_id) == "busy", 30, 0.1, "the kernel to be busy")
 
     def interrupt(self, kernel_id: str) -> None:
         self._req("POST", f"api/kernels/{kernel_id}/interrupt")
