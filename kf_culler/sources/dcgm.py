@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any
 
 import requests
+import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 
 from kf_culler.config import DcgmSettings
@@ -70,6 +71,9 @@ class DcgmScraper:
         self.settings = settings
         self.session = session or requests.Session()
         self.session.headers.update({"User-Agent": "kf-culler", "Accept": "text/plain"})
+        if settings.insecure_skip_verify:
+            # The admin chose not to verify; say it once in the docs, not in every cycle's log.
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         self._endpoints: dict[str, _Endpoint] = {}
         self._pods: OrderedDict[Key, _Pod] = OrderedDict()
         self._lock = threading.Lock()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import urllib3
 
 from kf_culler.config import PrometheusSettings
 
@@ -56,6 +57,9 @@ class PrometheusClient:
         self.session = session or requests.Session()
         self.session.headers.update({"Accept": "application/json", "User-Agent": "kf-culler"})
         self.queries = 0
+        if settings.insecure_skip_verify:
+            # The admin chose not to verify; say it once in the docs, not in every cycle's log.
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
     def close(self) -> None:
         self.session.close()

@@ -110,11 +110,14 @@ class StubServer:
                     status, ctype, payload = outer.handler(seen)
                 except Exception as err:  # a broken stand-in answers 500, it does not hang
                     status, ctype, payload = 500, "text/plain", f"{type(err).__name__}: {err}".encode()
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client went away (a scrape timed out, a server stopped)
 
             do_GET = _serve
             do_POST = _serve

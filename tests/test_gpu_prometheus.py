@@ -1,0 +1,264 @@
+"""GPU samples through a real Prometheus (the Debian package, 2.42) scraping stand-in dcgm-exporters.
+
+No GPU exists here, so the exporters are stand-ins on loopback that serve dcgm-exporter's text format
+as documented in NVIDIA/dcgm-exporter: the README's quick start for 4.x (`# HELP`/`# TYPE` lines, then
+one line per GPU labelled gpu, UUID, pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION,
+plus container/namespace/pod when the exporter maps a GPU to a pod) and etc/default-counters.csv
+(DCGM_FI_DEV_GPU_UTIL "GPU utilization (in %)", DCGM_FI_DEV_FB_USED "Framebuffer memory used (in MiB)");
+DCGM_FI_PROF_GR_ENGINE_ACTIVE is from etc/dcp-metrics-included.csv. Prometheus scrapes them every
+second: one job with `honor_labels: true` (labels kept as namespace/pod) and one whose static target
+labels namespace/pod collide with the exporter's, so Prometheus renames those to exported_namespace/
+exported_pod (`honor_labels: false`, the default).
+
+The fake Prometheus endpoints (503, bearer token, empty and invalid answers) answer in the shape of
+the HTTP API documented at prometheus.io/docs/prometheus/latest/querying/api/ (range queries).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kf_culler.config import PrometheusSettings
+from kf_culler.sources.gpu import PrometheusGpu
+from kf_culler.testing import procs
+from kf_culler.testing.prometheus import (
+    Exposition,
+    FakeGpu,
+    Prometheus,
+    Seen,
+    StubServer,
+    Unavailable,
+    dcgm_exposition,
+    ensure_prometheus,
+    json_reply,
+    static_job,
+)
+
+HONOR = "dcgm-honor"
+EXPORTED = "dcgm-exported"
+BULK = [("bulk", f"nb{i:02d}-0") for i in range(50)]
+SINGLE = ("team-a", "single-0")
+MULTI = ("team-a", "multi-0")
+ENGINE = ("team-a", "engine-0")
+RENAMED = ("team-b", "rstudio-0")
+HALF = ("team-d", "half-0")
+
+
+@pytest.fixture(scope="module")
+def prometheus_binary() -> str:
+    try:
+        return ensure_prometheus()
+    except Unavailable as why:
+        pytest.skip(f"no Prometheus: {why}")
+
+
+def gpu(i: int, util: float, mem: float, key: tuple[str, str] | None, node: str = "gpu-node-1",
+        engine: float | None = None) -> FakeGpu:
+    ns, pod = key or ("", "")
+    return FakeGpu(i, f"GPU-{node}-{i:02d}", util=util, used_mib=mem, namespace=ns, pod=pod,
+                   container=pod[:-2] if pod else "", hostname=node, engine_active=engine)
+
+
+def honor_text() -> str:
+    gpus = [gpu(0, 80, 4000, SINGLE),
+            gpu(1, 0, 300, MULTI), gpu(2, 85, 9000, MULTI),
+            gpu(3, 0, 4096, ENGINE, engine=0.6),
+            gpu(4, 0, 0, None)]  # a GPU no pod holds
+    # A pod whose GPU reports utilisation but no memory series at all.
+    half = ('DCGM_FI_DEV_GPU_UTIL{gpu="5",UUID="GPU-half",device="nvidia5",Hostname="gpu-node-1",'
+            'container="half",namespace="team-d",pod="half-0"} 77\n')
+    return dcgm_exposition(gpus) + half
+
+
+def bulk_text() -> str:
+    return dcgm_exposition(gpu(i % 8, i, 100 * i, key, node=f"bulk-{i // 8}") for i, key in enumerate(BULK))
+
+
+@pytest.fixture(scope="module")
+def cluster(prometheus_binary: str) -> Iterator[Prometheus]:
+    """Prometheus scraping three stand-in exporters every second."""
+    with Exposition(honor_text()) as honor, \
+            Exposition(dcgm_exposition([gpu(0, 42, 2048, RENAMED, node="gpu-node-2")])) as renamed, \
+            Exposition(bulk_text()) as bulk:
+        jobs = [static_job(HONOR, [honor.stub.address, bulk.stub.address], honor_labels=True),
+                static_job(EXPORTED, [renamed.stub.address], honor_labels=False,
+                           labels={"namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-x7k2p"})]
+        with Prometheus(jobs, binary=prometheus_binary) as prom:
+            # six scrapes of every target, so that every pod has a few samples
+            prom.wait_for('count_over_time(DCGM_FI_DEV_FB_USED[1m]) >= 6', count=5 + 50, timeout=90)
+            yield prom
+
+
+def source(url: str, **kw: Any) -> PrometheusGpu:
+    return PrometheusGpu(PrometheusSettings.model_validate(
+        {"url": url, "lookbackMinutes": 1, "stepSeconds": 1, "timeoutSeconds": 5, **kw}))
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def latest(answer: dict[str, Any]) -> tuple[float, float]:
+    assert "samples" in answer, answer
+    s = answer["samples"][-1]
+    return s["utilPercent"], s["memoryUsedMiB"]
+
+
+def test_samples_per_pod_in_both_label_styles(cluster: Prometheus) -> None:
+    src = source(cluster.url)
+    asked = [SINGLE, RENAMED, ("team-z", "absent-0"), ("gpu-operator", "nvidia-dcgm-exporter-x7k2p")]
+    answers, queries = src.samples(asked, now())
+    assert queries == 3
+    assert latest(answers[SINGLE]) == (80.0, 4000.0)
+    assert latest(answers[RENAMED]) == (42.0, 2048.0)  # read from exported_namespace/exported_pod
+    assert answers[("team-z", "absent-0")] == {"error": "no GPU series for pod"}
+    # the exporter's own pod holds no GPU series of its own
+    assert answers[("gpu-operator", "nvidia-dcgm-exporter-x7k2p")] == {"error": "no GPU series for pod"}
+    samples = answers[SINGLE]["samples"]
+    assert len(samples) >= 3
+    times = [datetime.fromisoformat(s["time"]) for s in samples]
+    assert times == sorted(times)
+    assert all((b - a).total_seconds() == 1 for a, b in itertools.pairwise(times))
+    assert (now() - times[-1]).total_seconds() < 30
+
+
+def test_multi_gpu_pod_and_engine_activity(cluster: Prometheus) -> None:
+    answers, _ = source(cluster.url).samples([MULTI, ENGINE, HALF], now())
+    assert answers[MULTI]["gpus"] == 2
+    assert latest(answers[MULTI]) == (85.0, 9000.0)  # highest utilisation, highest memory
+    assert latest(answers[ENGINE]) == (60.0, 4096.0)  # 100 x DCGM_FI_PROF_GR_ENGINE_ACTIVE
+    assert "both GPU utilisation and memory" in answers[HALF]["error"]
+    answers, queries = source(cluster.url, gpuEngineActive=False).samples([ENGINE], now())
+    assert queries == 2
+    assert latest(answers[ENGINE]) == (0.0, 4096.0)
+
+
+def query_range_requests(prom: Prometheus) -> float:
+    """Range queries Prometheus has served, from its own /metrics."""
+    with urllib.request.urlopen(f"{prom.url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "prometheus_http_requests_total"
+               and s.labels.get("handler") == "/api/v1/query_range")
+
+
+def test_one_query_per_metric_for_fifty_pods(cluster: Prometheus) -> None:
+    src = source(cluster.url)
+    before = query_range_requests(cluster)
+    answers, queries = src.samples(BULK, now())
+    assert queries == 3
+    assert query_range_requests(cluster) - before == 3  # counted by Prometheus itself
+    assert len(answers) == 50
+    for i, key in enumerate(BULK):
+        assert latest(answers[key]) == (float(i), 100.0 * i), key
+    _, few = src.samples(BULK[:5], now())
+    assert few == queries  # the same number of queries for 5 pods as for 50
+
+
+def test_every_pod_gets_an_error_when_prometheus_is_stopped(prometheus_binary: str) -> None:
+    with Exposition(dcgm_exposition([gpu(0, 80, 4000, SINGLE)])) as exp:
+        prom = Prometheus([static_job(HONOR, [exp.stub.address], honor_labels=True)],
+                          binary=prometheus_binary).start()
+        try:
+            prom.wait_for("DCGM_FI_DEV_GPU_UTIL", timeout=60)
+            src = source(prom.url)
+            procs.wait_until(lambda: "samples" in src.samples([SINGLE], now())[0][SINGLE], 30,
+                             interval=0.5, what="GPU samples")
+        finally:
+            prom.stop()
+        answers, queries = src.samples([SINGLE, MULTI], now())
+    assert queries == 1  # the first refused connection ends the call
+    for key in (SINGLE, MULTI):
+        assert "cannot reach Prometheus" in answers[key]["error"], answers[key]
+
+
+def matrix(result: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"status": "success", "data": {"resultType": "matrix", "result": result}}
+
+
+def test_503_is_an_error_for_every_pod() -> None:
+    def handle(seen: Seen) -> tuple[int, str, bytes]:
+        return json_reply({"status": "error", "errorType": "unavailable", "error": "TSDB not ready"}, 503)
+
+    with StubServer(handle) as stub:
+        answers, queries = source(stub.url).samples([SINGLE, MULTI], now())
+    assert queries == 1
+    assert all("HTTP 503" in a["error"] and "TSDB not ready" in a["error"] for a in answers.values()), answers
+
+
+@pytest.mark.parametrize("reply, words", [
+    ((200, "application/json", json.dumps(matrix([])).encode()), "no DCGM_FI_DEV_GPU_UTIL series"),
+    ((200, "application/json", b"<html>proxy error</html>"), "not a JSON object"),
+    ((200, "application/json", json.dumps({"status": "success", "data": {"resultType": "vector",
+                                                                          "result": []}}).encode()),
+     "expected a matrix"),
+    ((400, "application/json", json.dumps({"status": "error", "errorType": "bad_data",
+                                           "error": "parse error"}).encode()),
+     "HTTP 400: bad_data parse error"),
+])
+def test_empty_and_invalid_answers_are_errors(reply: tuple[int, str, bytes], words: str) -> None:
+    with StubServer(lambda _: reply) as stub:
+        answers, _ = source(stub.url).samples([SINGLE], now())
+    assert words in answers[SINGLE]["error"], answers
+
+
+def test_bearer_token_is_read_on_every_call(tmp_path: Path) -> None:
+    t = int(now().timestamp())
+    labels = {"__name__": "x", "namespace": SINGLE[0], "pod": SINGLE[1], "gpu": "0", "UUID": "GPU-1"}
+    series = {"metric": labels, "values": [[t - 1, "12"], [t, "12"]]}
+
+    def handle(seen: Seen) -> tuple[int, str, bytes]:
+        if seen.headers.get("authorization") not in ("Bearer first-token", "Bearer rotated-token"):
+            return json_reply({"status": "error", "error": "unauthorized"}, 401)
+        return json_reply(matrix([series]))
+
+    token = tmp_path / "token"
+    token.write_text("first-token\n")
+    with StubServer(handle) as stub:
+        src = source(stub.url, bearerTokenFile=str(token), gpuEngineActive=False)
+        first, _ = src.samples([SINGLE], now())
+        token.write_text("rotated-token")
+        second, _ = src.samples([SINGLE], now())
+        token.write_text("stale-token")
+        third, _ = src.samples([SINGLE], now())
+        seen = [r.headers.get("authorization") for r in stub.requests()]
+    assert latest(first[SINGLE]) == (12.0, 12.0) and latest(second[SINGLE]) == (12.0, 12.0)
+    assert "HTTP 401" in third[SINGLE]["error"]
+    assert seen == ["Bearer first-token"] * 2 + ["Bearer rotated-token"] * 2 + ["Bearer stale-token"]
+    token.unlink()
+    missing, queries = src.samples([SINGLE], now())
+    assert queries == 0 and "cannot read bearerTokenFile" in missing[SINGLE]["error"]
+
+
+def test_tls_with_a_ca_file_and_insecure_skip_verify(prometheus_binary: str, tmp_path: Path) -> None:
+    from kf_culler.testing.pki import Authority
+
+    ca = Authority(tmp_path)
+    serving = ca.issue("prometheus", "localhost", server=True)
+    web = {"tls_server_config": {"cert_file": str(serving.cert), "key_file": str(serving.key)}}
+    with Exposition(dcgm_exposition([gpu(0, 80, 4000, SINGLE)])) as exp, \
+            Prometheus([static_job(HONOR, [exp.stub.address], honor_labels=True)], web_config=web,
+                       binary=prometheus_binary) as prom:
+        assert prom.url.startswith("https://127.0.0.1:")
+        prom.wait_for("DCGM_FI_DEV_GPU_UTIL", timeout=60)
+        trusted = source(prom.url, caFile=str(ca.pair.cert))
+        procs.wait_until(lambda: "samples" in trusted.samples([SINGLE], now())[0][SINGLE], 30,
+                         interval=0.5, what="GPU samples over TLS")
+        untrusted, _ = source(prom.url).samples([SINGLE], now())
+        assert "TLS error" in untrusted[SINGLE]["error"], untrusted
+        skipped, _ = source(prom.url, insecureSkipVerify=True).samples([SINGLE], now())
+        assert latest(skipped[SINGLE]) == (80.0, 4000.0)
+
+
+def test_not_configured() -> None:
+    answers, queries = PrometheusGpu(PrometheusSettings()).samples([SINGLE], now())
+    assert queries == 0 and "no Prometheus URL" in answers[SINGLE]["error"]
