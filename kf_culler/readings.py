@@ -148,7 +148,11 @@ def parse_code_server(raw: object) -> IdeReading:
 
 
 def parse_rstudio(raw: object) -> IdeReading:
-    """`{"connected": bool, "busy": bool, "lastActivity": RFC3339|null, "via": str}` (see docs/signals.md)."""
+    """`{"connected": bool, "busy": bool, "lastActivity": RFC3339|null, "via": str}` (see docs/signals.md).
+
+    An optional `"lastConnected": RFC3339|null` is the last moment a browser was seen connected; like
+    code-server's lastHeartbeat it counts in the idle clock (rule 7), not as activity.
+    """
     err = _error_of(raw)
     if err:
         raise Unreadable(err)
@@ -161,9 +165,12 @@ def parse_rstudio(raw: object) -> IdeReading:
         raise Unreadable("RStudio connected/busy are not booleans")
     last = obs["lastActivity"]
     activity = () if last is None else (_time(last, "RStudio lastActivity"),)
+    last_conn = obs.get("lastConnected")
+    connected_at = None if last_conn is None else _time(last_conn, "RStudio lastConnected")
     return IdeReading(
-        activity=activity, busy=busy, connected=connected,
-        summary={"connected": connected, "busy": busy, "lastActivity": last, "via": str(obs.get("via", ""))[:80]},
+        activity=activity, busy=busy, connected=connected, connected_at=connected_at,
+        summary={"connected": connected, "busy": busy, "lastActivity": last, "lastConnected": last_conn,
+                 "via": str(obs.get("via", ""))[:80]},
     )
 
 
