@@ -63,8 +63,8 @@ class Policy(_Model):
     gpu: GpuThresholds = Field(default_factory=GpuThresholds)
     allow_exempt: bool = Field(default=True, alias="allowExempt")
     max_extend_minutes: float = Field(default=0, alias="maxExtendMinutes", ge=0, le=TEN_YEARS_MIN)
-    gpu_resources: tuple[str, ...] = Field(default=("nvidia.com/gpu",), alias="gpuResources")
-    server_type_by_image: tuple[ImageRule, ...] = Field(default=(), alias="serverTypeByImage")
+    gpu_resources: tuple[str, ...] = Field(default=("nvidia.com/gpu",), alias="gpuResources", strict=False)
+    server_type_by_image: tuple[ImageRule, ...] = Field(default=(), alias="serverTypeByImage", strict=False)
 
     def server_type_for_image(self, image: str) -> ServerType | None:
         for rule in self.server_type_by_image:
@@ -86,8 +86,8 @@ class Urls(_Model):
 
 
 class Namespaces(_Model):
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
+    include: tuple[str, ...] = Field(default=(), strict=False)  # YAML lists
+    exclude: tuple[str, ...] = Field(default=(), strict=False)
 
     def selects(self, namespace: str) -> bool:
         if self.include and namespace not in self.include:

@@ -1,0 +1,201 @@
+"""End to end on a real kube-apiserver, with real Jupyter servers behind the culler's URL template."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from kf_culler.config import Settings, load_mapping
+from kf_culler.model import (
+    REASON_ANNOTATION,
+    STATE_ANNOTATION,
+    STOP_ANNOTATION,
+    STOPPED_BY_ANNOTATION,
+    WARNED_AT_ANNOTATION,
+)
+from kf_culler.plan import EVENT_RESTART, EVENT_STOP
+from kf_culler.runner import Runner
+from kf_culler.testing import objects as obj
+from kf_culler.testing.jupyter import JupyterServer
+from kf_culler.testing.router import Router
+
+pytestmark = pytest.mark.cluster
+RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+@pytest.fixture(scope="module")
+def router() -> Iterator[Router]:
+    with Router() as r:
+        yield r
+
+
+def settings_for(router: Router, namespace: str, **extra: Any) -> Settings:
+    return load_mapping({
+        "namespaces": {"include": [namespace]},
+        "idleMinutes": 0.05, "warnMinutes": 0, "startupGraceMinutes": 10,
+        "urls": {"jupyter": router.template("notebook")},
+        "probe": {"timeoutSeconds": 5}, "lastActivityStepMinutes": 10, **extra}, "test")
+
+
+def wait_cache(runner: Runner, ns: str, name: str, pred: Any, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert runner.cache is not None
+        for nb, pod in runner.cache.snapshot():
+            if nb["metadata"]["namespace"] == ns and nb["metadata"]["name"] == name and pred(nb, pod):
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"the cache never showed the expected state of {ns}/{name}")
+
+
+@pytest.fixture()
+def servers(router: Router, namespace: str) -> Iterator[dict[str, JupyterServer]]:
+    out: dict[str, JupyterServer] = {}
+    try:
+        for name in ("nb-busy", "nb-idle"):
+            s = JupyterServer(namespace, name)
+            s.start()
+            out[name] = s
+            router.add("notebook", namespace, name, f"http://127.0.0.1:{s.port}", strip=False)
+        kid = out["nb-busy"].start_kernel()
+        out["nb-busy"].execute(kid, "import time; time.sleep(600)")
+        out["nb-idle"].start_kernel()
+        yield out
+    finally:
+        for name, s in out.items():
+            router.remove("notebook", namespace, name)
+            s.stop()
+
+
+def make(api: Any, ns: str, name: str, annotations: dict[str, str] | None = None) -> None:
+    obj.create_notebook(api, ns, obj.notebook(name, annotations=annotations))
+    obj.running_pod(api, ns, name, datetime.now(UTC) - timedelta(hours=1))
+
+
+def test_idle_stopped_busy_kept_foreign_stop_untouched(api: Any, namespace: str, router: Router,
+                                                       servers: dict[str, JupyterServer]) -> None:
+    make(api, namespace, "nb-busy")
+    make(api, namespace, "nb-idle")
+    make(api, namespace, "nb-locked", {STOP_ANNOTATION: "odh-notebook-controller-lock"})
+    time.sleep(3.5)  # the idle kernel passes the 3-second idle limit
+    runner = Runner(settings_for(router, namespace), api)
+    runner.start_cache(30)
+    try:
+        result = runner.once()
+    finally:
+        assert runner.cache is not None
+        runner.cache.close()
+    by_name = {r.name: r for r in result.results}
+    assert by_name["nb-busy"].verdict.state == "active"
+    assert by_name["nb-idle"].verdict.action == "stop", by_name["nb-idle"].verdict.reason
+
+    idle = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
+    assert RFC3339_UTC.match(idle[STOP_ANNOTATION])
+    assert idle[STOPPED_BY_ANNOTATION] == "kf-culler" and idle[STATE_ANNOTATION] == "idle"
+    assert "idle" in idle[REASON_ANNOTATION].lower()
+    events = obj.events_for(api, namespace, "nb-idle")
+    assert [e.reason for e in events] == [EVENT_STOP]
+    assert events[0].message.startswith(idle[REASON_ANNOTATION][:60])
+
+    busy = obj.get_notebook(api, namespace, "nb-busy")["metadata"]["annotations"]
+    assert STOP_ANNOTATION not in busy
+    assert not [e for e in obj.events_for(api, namespace, "nb-busy") if e.reason == EVENT_STOP]
+
+    locked = obj.get_notebook(api, namespace, "nb-locked")["metadata"]["annotations"]
+    assert locked[STOP_ANNOTATION] == "odh-notebook-controller-lock"
+    assert not [k for k in locked if k.startswith("notebook-culler.io/")]
+    assert obj.events_for(api, namespace, "nb-locked") == []
+
+
+def test_dry_run_writes_nothing(api: Any, namespace: str, router: Router,
+                                servers: dict[str, JupyterServer]) -> None:
+    make(api, namespace, "nb-idle")
+    before = obj.get_notebook(api, namespace, "nb-idle")["metadata"]
+    time.sleep(3.5)
+    runner = Runner(settings_for(router, namespace, dryRun=True), api)
+    runner.start_cache(30)
+    try:
+        result = runner.once()
+    finally:
+        assert runner.cache is not None
+        runner.cache.close()
+    assert result.results[0].verdict.action == "stop" and result.results[0].write is None
+    after = obj.get_notebook(api, namespace, "nb-idle")["metadata"]
+    assert after["resourceVersion"] == before["resourceVersion"]
+    assert obj.events_for(api, namespace, "nb-idle") == []
+
+
+def test_concurrent_edit_is_not_lost(api: Any, namespace: str, router: Router,
+                                     servers: dict[str, JupyterServer]) -> None:
+    make(api, namespace, "nb-idle")
+    time.sleep(3.5)
+    runner = Runner(settings_for(router, namespace), api)
+
+    def other_writer(now: datetime, nb: dict[str, Any], pod: Any, observations: Any) -> None:
+        # Another controller edits the notebook after the culler read it and before it writes.
+        obj.patch_annotations(api, namespace, nb["metadata"]["name"], {"team.example.com/owner": "kim"})
+
+    runner.on_observed = other_writer
+    runner.start_cache(30)
+    try:
+        result = runner.once()
+    finally:
+        assert runner.cache is not None
+        runner.cache.close()
+    write = result.results[0].write
+    assert write is not None and write.outcome == "patched" and write.conflicts >= 1
+    ann = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
+    assert ann["team.example.com/owner"] == "kim" and STOP_ANNOTATION in ann
+    assert [e.reason for e in obj.events_for(api, namespace, "nb-idle")] == [EVENT_STOP]
+
+
+def test_restart_clears_our_marks_and_restarts_the_grace(api: Any, namespace: str, router: Router,
+                                                          servers: dict[str, JupyterServer]) -> None:
+    make(api, namespace, "nb-idle")
+    time.sleep(3.5)
+    runner = Runner(settings_for(router, namespace, warnMinutes=0), api)
+    runner.start_cache(30)
+    try:
+        assert runner.once().results[0].verdict.action == "stop"
+        # The notebook-controller scales to 0; the user starts it again from the web app.
+        obj.delete_pod(api, namespace, "nb-idle-0")
+        obj.patch_annotations(api, namespace, "nb-idle", {STOP_ANNOTATION: None})
+        obj.running_pod(api, namespace, "nb-idle", datetime.now(UTC))
+        wait_cache(runner, namespace, "nb-idle",
+                   lambda nb, pod: STOP_ANNOTATION not in nb["metadata"]["annotations"] and pod is not None
+                   and pod["status"].get("phase") == "Running")
+        time.sleep(3.5)  # idle past the limit again, but inside the new start-up grace
+        again = runner.once().results[0]
+    finally:
+        assert runner.cache is not None
+        runner.cache.close()
+    assert (again.verdict.action, again.verdict.state) == ("keep", "starting")
+    ann = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
+    assert STOP_ANNOTATION not in ann
+    assert not [k for k in ann if k.startswith("notebook-culler.io/")]
+    assert [e.reason for e in obj.events_for(api, namespace, "nb-idle")] == [EVENT_STOP, EVENT_RESTART]
+
+
+def test_warn_then_stop(api: Any, namespace: str, router: Router, servers: dict[str, JupyterServer]) -> None:
+    make(api, namespace, "nb-idle")
+    runner = Runner(settings_for(router, namespace, idleMinutes=0.25, warnMinutes=0.2), api)
+    runner.start_cache(30)
+    try:
+        deadline = time.monotonic() + 40
+        actions: list[str] = []
+        while time.monotonic() < deadline and "stop" not in actions:
+            actions.append(runner.once().results[0].verdict.action)
+            time.sleep(0.5)
+    finally:
+        assert runner.cache is not None
+        runner.cache.close()
+    assert "warn" in actions and actions[-1] == "stop"
+    reasons = [e.reason for e in obj.events_for(api, namespace, "nb-idle")]
+    assert reasons.count("IdleNotebookWarning") == 1 and reasons.count(EVENT_STOP) == 1
+    ann = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
+    assert WARNED_AT_ANNOTATION not in ann and STOP_ANNOTATION in ann
