@@ -44,7 +44,11 @@ export CGO_ENABLED=0
 # have NAME VERSION: true when BIN_DIR/NAME exists and was built from VERSION
 have() { [ -x "$BIN_DIR/$1" ] && [ "$(cat "$BIN_DIR/$1.version" 2>/dev/null)" = "$2" ]; }
 stamp() { printf '%s\n' "$2" > "$BIN_DIR/$1.version"; }
-timed() { local t0=$SECONDS; "$@"; log "  done in $((SECONDS - t0)) s"; }
+timed() { local t0=$SECONDS; "$@" || return; log "  done in $((SECONDS - t0)) s"; }
+# served MODULE@VERSION: true when the Go module proxy serves it; prints its error otherwise
+served() {
+  go mod download -json "$1" 2>/dev/null | python3 -c 'import json,sys; e=json.load(sys.stdin).get("Error"); e and print(e, file=sys.stderr); sys.exit(1 if e else 0)'
+}
 
 build_etcd() {
   have etcd "$ETCD_VERSION" && { log "etcd $ETCD_VERSION: cached"; return; }
@@ -82,11 +86,21 @@ for r in json.load(sys.stdin).get("Replace") or []:
         print(r["Old"]["Path"])')
   log "kubernetes: pinning $(( ${#args[@]} - 1 )) staging modules to $staging_version"
   (cd "$dir" && go mod edit "${args[@]}")
-  printf 'package tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n' > "$dir/tools.go"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n' > "$dir/tools.go"
   log "kubernetes: downloading modules (the first time this takes several minutes)"
   (cd "$dir" && go mod tidy >&2)
   touch "$dir/.ready"
   echo "$dir"
+}
+
+# k8s_need DIR NAME: make the wrapper's go.mod/go.sum cover cmd/NAME (a pinned import, never `go get`,
+# which would move k8s.io/kubernetes off K8S_VERSION).
+k8s_need() {
+  local dir=$1 pkg="k8s.io/kubernetes/cmd/$2/app"
+  grep -q "\"$pkg\"" "$dir/tools.go" && return
+  log "kubernetes: adding the modules $2 needs"
+  printf 'import _ "%s"\n' "$pkg" >> "$dir/tools.go"
+  (cd "$dir" && go mod tidy >&2)
 }
 
 build_k8s() { # build_k8s NAME
@@ -96,23 +110,37 @@ build_k8s() { # build_k8s NAME
   local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
   local pkg=k8s.io/component-base/version
   log "$name $K8S_VERSION: compiling (cold: several minutes on 2 cores)"
-  (cd "$dir" && go get "k8s.io/kubernetes/cmd/$name" >/dev/null 2>&1 || true
-   timed go build -trimpath -o "$BIN_DIR/$name" \
+  k8s_need "$dir" "$name"
+  (cd "$dir" && timed go build -trimpath -o "$BIN_DIR/$name" \
      -ldflags "-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
      "k8s.io/kubernetes/cmd/$name")
   stamp "$name" "$K8S_VERSION"
 }
 
+# kwok needs Stage objects to play nodes and pods; the upstream "fast" stages (node initialise,
+# heartbeat with lease, pod ready/complete/delete) are taken from the same module version.
+KWOK_STAGES="node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
+pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml"
+
 build_kwok() {
-  have kwok "$KWOK_VERSION" && { log "kwok $KWOK_VERSION: cached"; return; }
+  have kwok "$KWOK_VERSION" && [ -s "$BIN_DIR/kwok-stages.yaml" ] && { log "kwok $KWOK_VERSION: cached"; return; }
   local dir="$BUILD_ROOT/kwok-$KWOK_VERSION"
   log "kwok $KWOK_VERSION: building"
   rm -rf "$dir" && mkdir -p "$dir"
   (cd "$dir" && go mod init kfculler.local/kwok >/dev/null 2>&1 \
      && go mod edit -require="sigs.k8s.io/kwok@$KWOK_VERSION" \
-     && printf 'package tools\n\nimport _ "sigs.k8s.io/kwok/cmd/kwok"\n' > tools.go \
+     && printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/kwok/cmd/kwok"\n' > tools.go \
      && go mod tidy >&2 \
      && timed go build -trimpath -o "$BIN_DIR/kwok" sigs.k8s.io/kwok/cmd/kwok)
+  local src; src=$(cd "$dir" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+  local f out="$BIN_DIR/kwok-stages.yaml.tmp"
+  : > "$out"
+  for f in $KWOK_STAGES; do
+    [ -f "$src/kustomize/stage/$f" ] || die "kwok $KWOK_VERSION has no stage kustomize/stage/$f"
+    printf -- '---\n' >> "$out" && cat "$src/kustomize/stage/$f" >> "$out"
+  done
+  mv "$out" "$BIN_DIR/kwok-stages.yaml"
+  log "kwok: stages written to $BIN_DIR/kwok-stages.yaml"
   stamp kwok "$KWOK_VERSION"
 }
 
@@ -122,10 +150,11 @@ build_nbc() {
   have notebook-controller "$ver" && { log "notebook-controller $ver: cached"; return; }
   local dir="$BUILD_ROOT/notebook-controller-$ver"
   log "notebook-controller $ver: building"
+  served "$mod@$ver" || die "the Go module proxy did not serve $mod@$ver (see the error above)"
   rm -rf "$dir" && mkdir -p "$dir"
   (cd "$dir" && go mod init kfculler.local/nbc >/dev/null 2>&1 \
      && go mod edit -require="$mod@$ver" \
-     && printf 'package tools\n\nimport _ "%s"\n' "$mod" > tools.go \
+     && printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$mod" > tools.go \
      && go mod tidy >&2 \
      && timed go build -trimpath -o "$BIN_DIR/notebook-controller" "$mod")
   stamp notebook-controller "$ver"
