@@ -131,6 +131,43 @@ def cmd_run(args: argparse.Namespace) -> int:
         record_hash_key=args.record_hash_key, json_logs=not args.text_logs))
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from kf_culler.testing.cluster import ClusterError
+
+    try:
+        if args.gpu:
+            from kf_culler.demo_gpu import run_gpu_demo
+
+            return run_gpu_demo(sys.stdout)
+        from kf_culler.demo import run_demo
+
+        return run_demo(sys.stdout, idle_seconds=args.idle_seconds, warn_seconds=args.warn_seconds)
+    except ClusterError as err:
+        print(f"kf-culler demo: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from kf_culler.replay.commands import fleet_command
+
+    return fleet_command(notebooks=args.notebooks, days=args.days, seed=args.seed, out=args.out,
+                         check_minutes=args.check_minutes, start=args.start, mix=args.mix,
+                         gpu_lookback_minutes=args.gpu_lookback, gpu_step_minutes=args.gpu_step,
+                         list_behaviours=args.list_behaviours)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from kf_culler.replay.commands import replay_command
+
+    return replay_command(trace=args.trace, config=args.config, compare=args.compare or [], plot=args.plot,
+                          timeline=args.timeline, timeline_plot=args.timeline_plot,
+                          restart_delay_minutes=args.restart_delay, check_period_minutes=args.check_period,
+                          oracle_idle_minutes=args.oracle_idle, output_format=args.format,
+                          max_list=args.max_list)
+
+
 def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", metavar="FILE", help="configuration YAML (default: built-in defaults)")
     p.add_argument("--kubeconfig", metavar="FILE",
@@ -184,6 +221,52 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hash namespaces and names in the trace with this key")
     p.add_argument("--text-logs", action="store_true", help="human-readable logs instead of JSON lines")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("demo", help="a local control plane, real Jupyter servers, and a culling to watch",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--idle-seconds", type=float, default=30.0, help="the demo's idle limit (default 30)")
+    p.add_argument("--warn-seconds", type=float, default=15.0, help="warning before the stop (default 15)")
+    p.add_argument("--gpu", action="store_true",
+                   help="the GPU story: a full local cluster with Kubeflow's notebook-controller, where "
+                   "stopping an idle notebook hands its GPU to one waiting")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("fleet", help="write a seeded synthetic fleet trace (with ground truth) for replay",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--notebooks", type=int, default=500, help="number of notebooks (default 500)")
+    p.add_argument("--days", type=float, default=7, help="days to cover, from a Monday 00:00 UTC (default 7)")
+    p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    p.add_argument("--out", "-o", metavar="FILE", default="fleet.jsonl.gz",
+                   help="trace to write; .gz compresses (default fleet.jsonl.gz)")
+    p.add_argument("--check-minutes", type=int, default=5, help="minutes between records (default 5)")
+    p.add_argument("--start", metavar="RFC3339", help="trace start (default 2026-03-02T00:00:00Z, a Monday)")
+    p.add_argument("--mix", metavar="NAME=WEIGHT,...", help="behaviour weights (default: the built-in mix)")
+    p.add_argument("--gpu-lookback", type=int, default=30,
+                   help="minutes of GPU samples per record (default 30)")
+    p.add_argument("--gpu-step", type=int, default=5, help="minutes between GPU samples (default 5)")
+    p.add_argument("--list-behaviours", action="store_true", help="list the behaviours and their weights")
+    p.set_defaults(func=cmd_fleet)
+
+    p = sub.add_parser("replay", help="replay a trace through policies: GPU-hours reclaimed, interruptions",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", metavar="TRACE", help="trace file (JSON Lines, .gz allowed; see docs/replay.md)")
+    p.add_argument("--config", "-c", metavar="POLICY", help="policy YAML/JSON (default: built-in defaults)")
+    p.add_argument("--compare", action="append", metavar="POLICY",
+                   help="another policy file, or kubeflow-kernel[:MINUTES], gpu-only[:MINUTES[:UTIL]], "
+                   "defaults; repeatable")
+    p.add_argument("--plot", metavar="PNG", help="write the comparison plot here")
+    p.add_argument("--timeline", metavar="NAMESPACE/NAME", help="print one notebook's timeline (and plot it "
+                   "next to --plot as *-timeline.png)")
+    p.add_argument("--timeline-plot", metavar="PNG", help="where to write the --timeline plot")
+    p.add_argument("--restart-delay", type=float, default=5, metavar="MINUTES",
+                   help="minutes from a user's return to a restarted pod (default 5)")
+    p.add_argument("--check-period", type=float, metavar="MINUTES",
+                   help="how often each notebook is decided (default: at every record of the trace)")
+    p.add_argument("--oracle-idle", type=float, metavar="MINUTES",
+                   help="the oracle's idle limit (default: idleMinutes of --config)")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    p.add_argument("--max-list", type=int, default=20, help="interruptions listed per policy (default 20)")
+    p.set_defaults(func=cmd_replay)
     return parser
 
 

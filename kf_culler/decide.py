@@ -97,7 +97,9 @@ def _pod_start(pod: dict[str, Any] | None) -> datetime | None:
 
 
 def _minutes(seconds: float) -> str:
-    m = max(0, int(seconds // 60))
+    if seconds < 120:
+        return f"{max(0, int(seconds))} s"
+    m = int(seconds // 60)
     if m < 60:
         return f"{m} min"
     h, m = divmod(m, 60)
@@ -107,7 +109,9 @@ def _minutes(seconds: float) -> str:
 
 
 def _hhmm(t: datetime, now: datetime) -> str:
-    return f"{t:%H:%M} UTC" if t.date() == now.date() else format_time(t)
+    if t.date() != now.date():
+        return format_time(t)
+    return f"{t:%H:%M} UTC" if t.second == 0 else f"{t:%H:%M:%S} UTC"
 
 
 def _works(s: GpuSample, policy: Policy) -> bool:

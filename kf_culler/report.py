@@ -16,6 +16,8 @@ def _idle(r: NotebookResult) -> str:
     s = r.verdict.idle_seconds
     if s is None:
         return "-"
+    if s < 120:
+        return f"{int(s)}s"
     m = int(s // 60)
     return f"{m}m" if m < 120 else f"{m // 60}h{m % 60:02d}m"
 

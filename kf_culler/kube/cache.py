@@ -86,6 +86,8 @@ class _Collection:
                             self.objects[_key(obj)] = obj
                 backoff = 0.5
             except ApiException as err:
+                if self.stop.is_set():
+                    return
                 self.errors += 1
                 if err.status == 410:
                     rv = ""
@@ -95,6 +97,8 @@ class _Collection:
                 self.stop.wait(backoff)
                 backoff = min(backoff * 2, 10)
             except Exception as err:  # connection lost, API server restarting, ...
+                if self.stop.is_set():
+                    return
                 self.errors += 1
                 log.warning("watch %s broke (%s); resuming", self.name, type(err).__name__)
                 self.stop.wait(backoff)

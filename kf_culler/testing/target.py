@@ -57,24 +57,29 @@ class KubeTarget:
                                           self.workdir / f"sa-{namespace}-{name}.kubeconfig")
 
     def apply_notebook_crd(self) -> None:
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
+        apply_notebook_crd(self.api_client())
 
-        root = source_root() or Path.cwd()
-        body = yaml.safe_load((root / CRD_PATH).read_text())
-        ext = client.ApiextensionsV1Api(self.api_client())
-        try:
-            ext.create_custom_resource_definition(body)
-        except ApiException as err:
-            if err.status != 409:
-                raise
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            crd = ext.read_custom_resource_definition("notebooks.kubeflow.org")
-            if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
-                return
-            time.sleep(0.2)
-        raise RuntimeError("the Notebook CRD did not become Established within 60 s")
+
+def apply_notebook_crd(api: Any) -> None:
+    """Create kustomize/crd's Notebook CRD (if absent) and wait until it is served."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    root = source_root() or Path.cwd()
+    body = yaml.safe_load((root / CRD_PATH).read_text())
+    ext = client.ApiextensionsV1Api(api)
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        crd = ext.read_custom_resource_definition("notebooks.kubeflow.org")
+        if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the Notebook CRD did not become Established within 60 s")
 
 
 def _docker_works() -> bool:
