@@ -64,9 +64,11 @@ def gpu_count(notebook: dict[str, Any], pod: dict[str, Any] | None, resources: t
         containers = _containers(notebook, "spec", "template", "spec", "containers")
     total = 0.0
     for c in containers:
-        res = c.get("resources") if isinstance(c.get("resources"), dict) else {}
+        res = c.get("resources")
+        res = res if isinstance(res, dict) else {}
         for kind in ("limits", "requests"):
-            q = res.get(kind) if isinstance(res.get(kind), dict) else {}
+            q = res.get(kind)
+            q = q if isinstance(q, dict) else {}
             n = max((_quantity(q.get(r, 0)) for r in resources), default=0.0)
             if n > 0:
                 total += n
@@ -150,29 +152,28 @@ def decide(
     ann = _annotations(notebook)
     stype = server_type(notebook, policy)
     gpus = gpu_count(notebook, pod, policy.gpu_resources)
-    base = {"server_type": stype, "gpu_notebook": gpus > 0}
+
+    def plain(action: str, state: str, reason: str, rule: str) -> Verdict:
+        return Verdict(action, state, reason, rule, server_type=stype, gpu_notebook=gpus > 0)  # type: ignore[arg-type]
 
     # Rule 1: stopped stays stopped, whoever stopped it.
     if STOP_ANNOTATION in ann:
-        return Verdict("keep", "stopped", "The notebook is stopped; the culler leaves it as it is.",
-                       "1-stopped", **base)
+        return plain("keep", "stopped", "The notebook is stopped; the culler leaves it as it is.", "1-stopped")
     # Rule 2: exempt.
     if policy.allow_exempt and str(ann.get(EXEMPT_ANNOTATION, "")).strip().lower() == "true":
-        return Verdict("keep", "exempt",
-                       f"The notebook is exempt from idle culling ({EXEMPT_ANNOTATION}: \"true\").",
-                       "2-exempt", **base)
+        return plain("keep", "exempt",
+                     f"The notebook is exempt from idle culling ({EXEMPT_ANNOTATION}: \"true\").", "2-exempt")
     # Rule 3: starting.
     started = _pod_start(pod)
     if started is None:
         why = "has no pod yet" if pod is None else "has no running pod yet (it may be waiting for a GPU)"
-        return Verdict("keep", "starting", f"The notebook {why}.", "3-starting", **base)
+        return plain("keep", "starting", f"The notebook {why}.", "3-starting")
     started = min(started, now)
     grace_end = add_minutes(started, policy.startup_grace_minutes)
     if now < grace_end:
-        return Verdict("keep", "starting",
-                       f"The notebook started {_minutes((now - started).total_seconds())} ago; idle culling "
-                       f"waits {_minutes(policy.startup_grace_minutes * 60)} after a start.",
-                       "3-starting", **base)
+        return plain("keep", "starting",
+                     f"The notebook started {_minutes((now - started).total_seconds())} ago; idle culling "
+                     f"waits {_minutes(policy.startup_grace_minutes * 60)} after a start.", "3-starting")
 
     # Rule 4: the IDE's own source; answers of the others about the IDE are ignored.
     ide_key = SERVER_SOURCES.get(stype)
@@ -217,7 +218,8 @@ def decide(
             gpu_problem = None  # a CPU notebook needs no GPU evidence
 
     def verdict(action: str, state: str, reason: str, rule: str, **kw: Any) -> Verdict:
-        return Verdict(action, state, reason, rule, evidence=evidence, **base, **kw)  # type: ignore[arg-type]
+        return Verdict(action, state, reason, rule, server_type=stype,  # type: ignore[arg-type]
+                       gpu_notebook=gpus > 0, evidence=evidence, **kw)
 
     # Rule 5: positive evidence wins.
     gpu_idle_long = (

@@ -75,10 +75,11 @@ async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
     limit = asyncio.Semaphore(ops.concurrency)
     try:
         http_reqs = [r for r in requests if r.source in ("jupyter", "codeServer")]
-        bulk_reqs = [(name, src, [r for r in requests if r.pod and wants(r)])
-                     for name, src, wants in (("gpu", gpu, lambda r: r.gpu),
-                                              ("rstudio", rstudio, lambda r: r.source == "rstudio"))]
-        bulk_reqs = [(name, src, reqs) for name, src, reqs in bulk_reqs if src is not None and reqs]
+        wanted: list[tuple[str, Any, list[Request]]] = [
+            ("gpu", gpu, [r for r in requests if r.pod and r.gpu]),
+            ("rstudio", rstudio, [r for r in requests if r.pod and r.source == "rstudio"]),
+        ]
+        bulk_reqs = [(name, src, reqs) for name, src, reqs in wanted if src is not None and reqs]
         bulk_calls = [asyncio.to_thread(_bulk, src, [(r.namespace, r.pod or "") for r in reqs], now)
                       for _, src, reqs in bulk_reqs]
         probe_results, bulk_results = await asyncio.gather(
