@@ -1,0 +1,154 @@
+"""A real code-server on loopback, as Kubeflow runs it (`--auth none`, served at `/`).
+
+code-server and the Node.js it needs come from the npm registry through hack/codeserver/install.sh,
+which keeps them in a cache outside the repository. `executable()` finds that install (running the
+script when it is missing) and raises `Unavailable` only when it cannot be had here: npm is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kf_culler.testing import procs
+
+VERSION = "4.139.1"
+ROOT = Path(__file__).resolve().parents[2]
+INSTALL_SCRIPT = ROOT / "hack" / "codeserver" / "install.sh"
+
+
+class Unavailable(Exception):
+    """code-server cannot be installed on this machine (the reason says why)."""
+
+
+def executable(install_timeout: float = 1800) -> Path:
+    """The code-server executable: $KF_CULLER_CODE_SERVER, else the cached install (made if missing)."""
+    given = os.environ.get("KF_CULLER_CODE_SERVER")
+    if given:
+        path = Path(given)
+        if not os.access(path, os.X_OK):
+            raise RuntimeError(f"KF_CULLER_CODE_SERVER={given} is not an executable")
+        return path
+    if shutil.which("npm") is None:
+        raise Unavailable("npm is not installed: code-server comes from the npm registry "
+                          "(see hack/codeserver/install.sh)")
+    if not INSTALL_SCRIPT.is_file():
+        raise RuntimeError(f"{INSTALL_SCRIPT} is missing; "
+                           "set KF_CULLER_CODE_SERVER to a code-server executable")
+    env = {**os.environ, "KF_CULLER_CODE_SERVER_VERSION": os.environ.get("KF_CULLER_CODE_SERVER_VERSION",
+                                                                          VERSION)}
+    # A first install takes minutes; its progress (stderr) is kept for the error message. The executable's
+    # path is the last line of stdout.
+    done = subprocess.run(["bash", str(INSTALL_SCRIPT)], env=env, capture_output=True, text=True,
+                          timeout=install_timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{INSTALL_SCRIPT} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    lines = done.stdout.strip().splitlines()
+    if not lines or not os.access(lines[-1], os.X_OK):
+        raise RuntimeError(f"{INSTALL_SCRIPT} printed no executable path: {done.stdout[-500:]!r}")
+    return Path(lines[-1])
+
+
+class CodeServer:
+    """One code-server process in its own process group, with its own temporary directories.
+
+    `url` is the server root (ending in '/'), the address the culler's probe is given.
+    """
+
+    def __init__(self, exe: Path | None = None) -> None:
+        self.exe = exe if exe is not None else executable()
+        self.port = procs.free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.dir = Path(tempfile.mkdtemp(prefix="kf-culler-code-server-"))
+        self.log = self.dir / "code-server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> CodeServer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 120) -> None:
+        home = self.dir / "home"
+        for sub in ("home", "config", "data", "cache", "user-data", "extensions", "workspace"):
+            (self.dir / sub).mkdir()
+        # code-server writes its config file, heartbeat file and logs under the XDG directories.
+        env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(self.dir / "config"),
+               "XDG_DATA_HOME": str(self.dir / "data"), "XDG_CACHE_HOME": str(self.dir / "cache")}
+        env.pop("PASSWORD", None)
+        env.pop("HASHED_PASSWORD", None)
+        cmd = [str(self.exe), "--auth", "none", "--bind-addr", f"127.0.0.1:{self.port}",
+               "--disable-telemetry", "--disable-update-check",
+               "--user-data-dir", str(self.dir / "user-data"),
+               "--extensions-dir", str(self.dir / "extensions"),
+               str(self.dir / "workspace")]
+        self.proc = procs.start(cmd, self.log, env=env, cwd=self.dir)
+        proc = self.proc
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"code-server exited with {proc.returncode}: {procs.tail(self.log)}")
+            try:
+                self.healthz()
+                return True
+            except OSError:
+                return False
+
+        try:
+            procs.wait_until(up, timeout, 0.2, "code-server's /healthz")
+        except TimeoutError as err:
+            raise RuntimeError(f"{err}: {procs.tail(self.log)}") from None
+
+    def stop(self) -> None:
+        procs.stop(self.proc)
+        self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def healthz(self) -> Any:
+        """GET /healthz on a connection of its own that is closed at once (urllib sends Connection: close).
+
+        /healthz itself never beats the heart, and a closed connection is not counted by it.
+        """
+        with urllib.request.urlopen(self.url + "healthz", timeout=10) as resp:
+            return json.loads(resp.read())
+
+    @asynccontextmanager
+    async def client(self) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+        """Hold a websocket to code-server open, as an open editor tab does, until the block ends.
+
+        The upgrade request at `/` goes through code-server's request handling (which beats the heart
+        unless the path is /healthz) and is handed to VS Code's server; while the connection stays open
+        code-server's minute timer counts it as an active connection and beats again.
+        """
+        ws_url = self.url.replace("http://", "ws://") + "?reconnectionToken=kf-culler-test&reconnection=false"
+        async with aiohttp.ClientSession() as session, session.ws_connect(
+                ws_url, origin=self.url.rstrip("/"), heartbeat=None, autoping=True) as ws:
+            reader = asyncio.ensure_future(_drain(ws))
+            try:
+                yield ws
+            finally:
+                reader.cancel()
+                await ws.close()
+
+
+async def _drain(ws: aiohttp.ClientWebSocketResponse) -> None:
+    """Read and drop whatever the server sends, so the connection never stalls."""
+    async for _ in ws:
+        pass
