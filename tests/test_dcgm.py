@@ -197,3 +197,12 @@ def test_no_endpoints() -> None:
     answers, made = scraper.samples([POD], at(0))
     assert made == 0
     assert "no dcgm-exporter endpoints" in answers[POD]["error"]
+
+
+def test_source_for() -> None:
+    from kf_culler.config import load_mapping
+    from kf_culler.sources.dcgm import source_for
+
+    assert source_for(load_mapping({}, "t")) is None
+    found = source_for(load_mapping({"dcgm": {"endpoints": ["http://10.0.0.5:9400/metrics"]}}, "t"))
+    assert found is not None and found.settings.endpoints == ("http://10.0.0.5:9400/metrics",)

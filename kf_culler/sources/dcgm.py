@@ -28,7 +28,7 @@ import requests
 import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 
-from kf_culler.config import DcgmSettings
+from kf_culler.config import DcgmSettings, Settings
 from kf_culler.sources.gpu import ENGINE, MEMORY, UTIL, GpuId, Key, answer, combine, gpu_of, pod_of
 from kf_culler.sources.prometheus import rfc3339
 
@@ -231,6 +231,7 @@ class DcgmScraper:
         return "no GPU series for pod"
 
 
-def source_for(settings: DcgmSettings) -> DcgmScraper | None:
-    """A scraper when endpoints are configured, else None."""
-    return DcgmScraper(settings) if settings.endpoints else None
+def source_for(settings: Settings) -> DcgmScraper | None:
+    """A scraper when `dcgm.endpoints` are configured, else None."""
+    dcgm = settings.operations.dcgm
+    return DcgmScraper(dcgm) if dcgm.endpoints else None
