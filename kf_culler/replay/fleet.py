@@ -25,6 +25,7 @@ from kf_culler.model import SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
 from kf_culler.replay.trace import TraceHeader, TraceWriter, Truth, open_text
 
 DAY = 1440
+RSTUDIO_LOOKBACK = 240  # minutes; the RStudio source's default look-back
 DEFAULT_START = datetime(2026, 3, 2, tzinfo=UTC)  # a Monday
 BEHAVIOUR_LABEL = "fleet.notebook-culler.io/behaviour"
 Gpu = Literal["free", "held", "run", "ghost"]
@@ -111,7 +112,8 @@ class Profile:
         return State("absent", kernel=self.kernel(), gpu=g, util=u, mem=m)
 
     def run(self, rng: random.Random, client: bool = True) -> State:
-        """A GPU run: from a kernel cell (Jupyter), an R call (RStudio) or a terminal (code-server)."""
+        """A run: from a kernel cell (Jupyter), an R call (RStudio) or a terminal (code-server); on the GPU
+        when there is one."""
         truth: Truth = "working"
         kernel: Kernel = "none" if self.ide == "codeServer" else "busy"
         if not self.gpus:
@@ -166,7 +168,7 @@ def _session(plan: Plan, rng: random.Random, p: Profile, arrive: int, leave: int
             plan.to(block_end + rng.randint(30, 120), State("working", executing=True, kernel="busy",
                                                             gpu=g, util=u, mem=m))
         else:
-            if p.gpus and rng.random() < 0.55 and block_end - t >= 10:
+            if (p.gpus or p.ide == "rstudio") and rng.random() < 0.55 and block_end - t >= 10:
                 length = rng.randint(3, min(25, block_end - t - 2))
                 run_start = t + rng.randint(0, block_end - t - length)
                 plan.to(run_start, p.work())
@@ -281,18 +283,22 @@ def plan_tab_overnight(rng: random.Random, p: Profile, days: int) -> list[Span]:
 
 
 def plan_friday_forgotten(rng: random.Random, p: Profile, days: int) -> list[Span]:
+    p = replace(p, idle_gpu="held")  # the model stays in GPU memory when the user leaves
     plan = Plan(days * DAY)
     stopped = State("absent", stopped=True)
     evening = stopped
     for day in range(days):
+        if not _is_workday(p, day):
+            continue
         window = _day_window(rng, p, day)
-        if window is None or not _is_workday(p, day):
+        if _is_friday(p, day):
+            arrive = day * DAY + p.arrive
+            window = arrive, max(arrive + 60, day * DAY + rng.randint(13 * 60, 16 * 60))
+        if window is None:
             continue
         arrive, leave = window
-        if _is_friday(p, day):
-            leave = day * DAY + rng.randint(13 * 60, 16 * 60)
         plan.to(arrive, evening)
-        _session(plan, rng, p, arrive, max(leave, arrive + 60))
+        _session(plan, rng, p, arrive, leave)
         # Monday to Thursday the user stops the notebook on leaving; on Friday it is forgotten
         evening = p.away() if _is_friday(p, day) else stopped
     plan.fill(evening)
@@ -575,9 +581,15 @@ class NotebookSim:
         return {"healthz": {"status": "alive" if st.client else "expired", "lastHeartbeat": beat}}
 
     def _rstudio(self, now: int, st: State) -> dict[str, Any]:
-        executing = self._last_at("executing", now, st.executing)
+        """The shape of kf_culler.sources.rstudio: CPU and Istio requests seen through Prometheus over a
+        240-minute look-back; lastActivity is the window start when R did nothing in it."""
+        window = now - RSTUDIO_LOOKBACK
+        executing = self._last_at("executing", now, st.executing or st.kernel == "busy")
+        client = self._last_at("client", now, st.client)
         return {"connected": st.client, "busy": st.kernel == "busy",
-                "lastActivity": self.clock.z(executing) if executing >= 0 else None, "via": "synthetic"}
+                "lastActivity": self.clock.z(max(executing, window)),
+                "lastConnected": self.clock.z(client) if client >= max(window, 0) else None,
+                "via": "prometheus"}
 
     def _gpu(self, now: int) -> list[dict[str, Any]]:
         first = max(self.pod_start, now - self.lookback)

@@ -123,14 +123,17 @@ class TraceRecorder:
 
     path: the trace file (`.gz` for gzip). A new or empty file gets a header; an existing trace is
       appended to.
-    hash_key: when given, namespaces and names are replaced by keyed hashes, objects are cut down to
-      the fields the decision reads (`minimal_notebook`, `minimal_pod`), and error messages are scrubbed.
+    hash_key: when given (bytes, or a string used as UTF-8), namespaces and names are replaced by keyed
+      hashes, objects are cut down to the fields the decision reads (`minimal_notebook`, `minimal_pod`),
+      and error messages are scrubbed.
     minimize: cut objects down even without hashing (default), which keeps traces small.
     """
 
-    def __init__(self, path: str | Path, *, hash_key: bytes | None = None, minimize: bool = True,
+    def __init__(self, path: str | Path, *, hash_key: bytes | str | None = None, minimize: bool = True,
                  check_period_seconds: float = 60, flush_every: int = 1000) -> None:
         self.path = Path(path)
+        if isinstance(hash_key, str):
+            hash_key = hash_key.encode("utf-8")
         self._hasher = Hasher(hash_key) if hash_key is not None else None
         self._minimize = minimize or self._hasher is not None
         self._flush_every = max(1, flush_every)
