@@ -73,11 +73,6 @@ def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
     return found[0]
 
 
-def ours(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Everything but the change to Kubeflow's own notebook-controller."""
-    return [o for o in objs if not (o["kind"] == "Deployment" and o["metadata"]["name"] == CONTROLLER[0])]
-
-
 def culler(objs: list[dict[str, Any]]) -> dict[str, Any]:
     return one(objs, "Deployment", NAME)
 
@@ -151,7 +146,7 @@ def test_overlay_puts_everything_in_the_kubeflow_namespace(overlay: str) -> None
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_objects_and_pods_carry_the_conventional_labels(overlay: str) -> None:
-    objs = ours(render(f"overlays/{overlay}"))
+    objs = render(f"overlays/{overlay}")
     for o in objs:
         labels = o["metadata"].get("labels") or {}
         assert LABELS.items() <= labels.items(), f"{o['kind']}/{o['metadata']['name']}: {labels}"
@@ -376,29 +371,34 @@ def test_shipped_config_uses_only_real_keys_and_the_documented_defaults() -> Non
 # --- Istio and the notebook-controller ------------------------------------------------------------
 
 
-def test_kubeflow_overlay_turns_builtin_culling_off() -> None:
-    objs = render("overlays/kubeflow")
-    nc = one(objs, "Deployment", CONTROLLER[0])
-    assert nc["metadata"]["namespace"] == NAMESPACE
-    (c,) = nc["spec"]["template"]["spec"]["containers"]
-    assert c["name"] == CONTROLLER[1]
-    assert {"name": "ENABLE_CULLING", "value": "false"} in c["env"]
-    # A partial object merged into Kubeflow's Deployment: it must not touch anything else, least of all
-    # the immutable selector or labels that Kubeflow's selector depends on.
-    assert set(nc["spec"]) == {"template"} and set(nc["spec"]["template"]) == {"spec"}
-    assert set(c) == {"name", "env"} and len(c["env"]) == 1
-    assert not nc["metadata"].get("labels") and not nc["metadata"].get("annotations")
-
-
-def test_builtin_culling_off_renders_on_its_own() -> None:
+def test_builtin_culling_off_renders_on_its_own_and_only_sets_the_variable() -> None:
     (nc,) = render("overlays/kubeflow/builtin-culling-off")
     assert (nc["kind"], nc["metadata"]["name"], nc["metadata"]["namespace"]) == (
         "Deployment", CONTROLLER[0], NAMESPACE)
+    (c,) = nc["spec"]["template"]["spec"]["containers"]
+    assert c["name"] == CONTROLLER[1]
+    assert c["env"] == [{"name": "ENABLE_CULLING", "value": "false"}]
+    # A partial object merged into Kubeflow's Deployment: it must not touch anything else, least of all
+    # the immutable selector or the labels Kubeflow's selector depends on.
+    assert set(nc["spec"]) == {"template"} and set(nc["spec"]["template"]) == {"spec"}
+    assert set(c) == {"name", "env"}
+    assert not nc["metadata"].get("labels") and not nc["metadata"].get("annotations")
 
 
-def test_gpu_only_also_turns_builtin_culling_off_and_dry_run_does_not() -> None:
-    assert find(render("overlays/gpu-only"), "Deployment", CONTROLLER[0])
-    assert not find(render("overlays/dry-run"), "Deployment", CONTROLLER[0])
+def test_patch_file_is_the_object_the_kustomization_renders() -> None:
+    """docs/install.md uses the file directly with `kubectl patch --patch-file`."""
+    path = KUSTOMIZE / "overlays/kubeflow/builtin-culling-off/notebook-controller-env.yaml"
+    rendered = render("overlays/kubeflow/builtin-culling-off")
+    assert [yaml.safe_load(path.read_text(encoding="utf-8"))] == rendered
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlays_hold_only_the_cullers_own_objects(overlay: str) -> None:
+    """`kubectl delete -k` on an overlay must never delete part of Kubeflow."""
+    for o in render(f"overlays/{overlay}"):
+        assert (o["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == NAME, (
+            f"{o['kind']}/{o['metadata']['name']}")
+        assert o["metadata"]["name"].startswith(NAME)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
