@@ -33,8 +33,9 @@ def parse_mix(text: str) -> dict[str, float]:
 
 def fleet_command(*, notebooks: int, days: float, seed: int, out: str, check_minutes: int = 5,
                   start: str | None = None, mix: str | None = None, gpu_lookback_minutes: int = 30,
-                  gpu_step_minutes: int = 5, list_behaviours: bool = False, stdout: TextIO = sys.stdout,
-                  stderr: TextIO = sys.stderr) -> int:
+                  gpu_step_minutes: int = 5, list_behaviours: bool = False, stdout: TextIO | None = None,
+                  stderr: TextIO | None = None) -> int:
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     if list_behaviours:
         for b in BEHAVIOURS.values():
             print(f"{b.name:20s} {b.weight:5.2f}  {b.description}", file=stdout)
@@ -68,7 +69,8 @@ def replay_command(*, trace: str, config: str | None, compare: list[str], plot: 
                    timeline: str | None = None, timeline_plot: str | None = None,
                    restart_delay_minutes: float = 5, check_period_minutes: float | None = None,
                    oracle_idle_minutes: float | None = None, output_format: str = "text", max_list: int = 20,
-                   stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr) -> int:
+                   stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     try:
         rules = make_rules(config, compare)
     except ConfigError as err:

@@ -4,8 +4,9 @@ The trace says what every notebook looked like while it ran; the replay overlays
 
 - a `stop` verdict stops the notebook from that check on: it holds no GPU and is not evaluated;
 - a stopped notebook is started again the first time the trace's ground truth is `working` (the user is
-  back, or a job would be running): its pod runs again `restart_delay` later, with a new start time
-  (so the startup grace applies again) and without the GPU samples of the time before the restart;
+  back, or a job would be running; a stop made while `working` is restarted at once): its pod runs again
+  `restart_delay` later, with a new start time (so the startup grace applies again) and without the GPU
+  samples of the time before the restart;
 - if the trace itself shows a newer pod (the user started it in the recorded world), that pod is used;
 - a notebook whose trace pod is not running, or that carries `kubeflow-resource-stopped`, is not
   evaluated (decide keeps such notebooks by rules 1 and 3) and holds no GPU.
@@ -382,6 +383,8 @@ def _step(rule: Rule, run: _Run, nb: _Nb, rec: Record, now: datetime, delay: tim
             if run.work_run_hit != nb.work_run:
                 run.work_run_hit = nb.work_run
                 tally.interrupted_intervals += 1
+            run.restart_at = now + delay  # the user is there: starts it again at once
+            tally.restarts += 1
         elif truth == "present":
             tally.present_stops += 1
         elif truth == "absent":
