@@ -16,13 +16,12 @@ from opentelemetry import trace
 from kf_culler.config import Settings
 from kf_culler.decide import decide, gpu_count, server_type
 from kf_culler.gather import Gathered, GpuSource, PodSource, Request, gather
-from kf_culler.kube.writer import WriteResult, Writer
+from kf_culler.kube.writer import Writer, WriteResult
 from kf_culler.model import SERVER_SOURCES, InputError, Verdict
 from kf_culler.plan import Plan, plan
 from kf_culler.sources.http import Call
 
 log = logging.getLogger("kf_culler.cycle")
-tracer = trace.get_tracer("kf_culler")
 NO_PROBE_STATES = ("stopped", "exempt", "starting")
 Clock = Callable[[], datetime]
 
@@ -66,6 +65,7 @@ class Cycle:
     may_write: Callable[[], bool] = lambda: True
     on_result: Callable[[NotebookResult], None] | None = None
     on_observed: Callable[[datetime, dict[str, Any], dict[str, Any] | None, dict[str, Any]], None] | None = None
+    tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("kf_culler"))
 
     def selected(self, notebook: dict[str, Any], pod: dict[str, Any] | None) -> bool:
         meta = notebook.get("metadata") or {}
@@ -79,7 +79,7 @@ class Cycle:
     def run(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> CycleResult:
         t0 = time.monotonic()
         started = self.clock()
-        with tracer.start_as_current_span("kf_culler.cycle") as span:
+        with self.tracer.start_as_current_span("kf_culler.cycle") as span:
             chosen = [(nb, pod) for nb, pod in items if self.selected(nb, pod)]
             span.set_attribute("kf_culler.notebooks", len(chosen))
             pre: dict[tuple[str, str], Verdict] = {}
@@ -98,7 +98,7 @@ class Cycle:
                 pod_name = ((pod or {}).get("metadata") or {}).get("name")
                 requests.append(Request(key[0], key[1], pod_name, SERVER_SOURCES.get(server_type(nb, policy)),
                                         gpu_count(nb, pod, policy.gpu_resources) > 0))
-            with tracer.start_as_current_span("kf_culler.gather") as gspan:
+            with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
                 gathered = asyncio.run(gather(requests, self.settings.operations, started, self.gpu,
                                               self.rstudio)) if requests else Gathered()
                 gspan.set_attribute("kf_culler.probed", len(requests))
@@ -124,13 +124,14 @@ class Cycle:
         ns, name = str(meta.get("namespace")), str(meta.get("name"))
         policy = self.settings.policy_for(ns)
         stype = server_type(nb, policy)
-        with tracer.start_as_current_span("kf_culler.notebook") as span:
+        with self.tracer.start_as_current_span("kf_culler.notebook") as span:
             span.set_attributes({"k8s.namespace.name": ns, "kf_culler.notebook": name,
                                  "kf_culler.server_type": stype})
             observations = gathered.observations.get((ns, name), {})
             calls = gathered.calls.get((ns, name), [])
+            source = SERVER_SOURCES.get(stype, stype)
             for call in calls:
-                _probe_span(call, now)
+                _probe_span(self.tracer, call, source)
             if self.on_observed is not None and (ns, name) not in pre:
                 self.on_observed(now, nb, pod, observations)
             try:
@@ -151,7 +152,7 @@ class Cycle:
             step = self.settings.operations.last_activity_step_minutes
             result.plan = plan(nb, verdict, now, step, trace_id)
             if self.writer is not None and not self.settings.operations.dry_run and not result.plan.empty:
-                with tracer.start_as_current_span("kf_culler.apply") as aspan:
+                with self.tracer.start_as_current_span("kf_culler.apply") as aspan:
                     def replan(fresh: dict[str, Any]) -> Plan:
                         return plan(fresh, decide(fresh, pod, observations, policy, now), now, step, trace_id)
 
@@ -162,10 +163,11 @@ class Cycle:
             return result
 
 
-def _probe_span(call: Call, now: datetime) -> None:
+def _probe_span(tracer: trace.Tracer, call: Call, source: str) -> None:
     end = time.time_ns()
     start = end - int(call.seconds * 1e9)
     span = tracer.start_span("kf_culler.probe", start_time=start)
-    span.set_attributes({"url.full": call.url, "http.response.status_code": call.status or 0,
+    span.set_attributes({"kf_culler.source": source, "url.full": call.url,
+                         "http.response.status_code": call.status or 0,
                          "kf_culler.attempts": call.attempts, "kf_culler.probe_error": call.error or ""})
     span.end(end_time=end)

@@ -33,22 +33,41 @@ def api_client(kubeconfig: str | None) -> Any:
     return config.new_client_from_config()
 
 
+def gpu_window_minutes(settings: Settings) -> float:
+    """How far back GPU evidence must reach: the longest idle limit any policy can apply, plus a margin.
+
+    GPU work older than the look-back would be invisible, and an IDE idle for longer could then be
+    stopped although its GPU worked inside the idle window.
+    """
+    longest = 0.0
+    for policy in (settings.policy, *settings.overrides.values()):
+        limits = [policy.idle_minutes, policy.connected_gpu_idle_minutes or 0,
+                  policy.busy_kernel_gpu_idle_minutes or 0]
+        longest = max(longest, *limits)
+    return longest + 10
+
+
 def sources_for(settings: Settings) -> tuple[GpuSource | None, PodSource | None]:
-    """The bulk sources the settings ask for (GPU, RStudio through Prometheus)."""
+    """The bulk sources the settings ask for: GPU from Prometheus (else from dcgm-exporter directly) and
+    RStudio through Prometheus. Create them once per process: the direct scraper keeps history."""
+    from kf_culler.sources import dcgm, rstudio
+
+    ops = settings.operations
+    window = gpu_window_minutes(settings)
     gpu: GpuSource | None = None
-    rstudio: PodSource | None = None
-    prom = settings.operations.prometheus
-    if prom.url:
+    if ops.prometheus.url:
         from kf_culler.sources.gpu import PrometheusGpu
 
+        prom = ops.prometheus
+        if prom.lookback_minutes < window:
+            prom = prom.model_copy(update={"lookback_minutes": min(window, 24 * 60)})
         gpu = PrometheusGpu(prom)
-        try:
-            from kf_culler.sources.rstudio import source_for as rstudio_source
-
-            rstudio = rstudio_source(settings)
-        except ImportError:
-            rstudio = None
-    return gpu, rstudio
+    elif ops.dcgm.endpoints:
+        scraper_settings = settings.operations.dcgm
+        if scraper_settings.lookback_minutes < window:
+            scraper_settings = scraper_settings.model_copy(update={"lookback_minutes": min(window, 24 * 60)})
+        gpu = dcgm.DcgmScraper(scraper_settings)
+    return gpu, rstudio.source_for(settings)
 
 
 @dataclass
@@ -62,14 +81,21 @@ class Runner:
     may_write: Callable[[], bool] = lambda: True
     on_observed: Any = None
     cache: ClusterCache | None = None
+    tracer: Any = None
+    _sources: tuple[GpuSource | None, PodSource | None] | None = None
     last_cycle_end: float = 0.0
     cycles: int = 0
 
     def build_cycle(self) -> Cycle:
-        gpu, rstudio = sources_for(self.settings)
+        if self._sources is None:
+            self._sources = sources_for(self.settings)
+        gpu, rstudio = self._sources
         writer = None if (self.dry_run or self.settings.operations.dry_run) else Writer(self.api)
-        return Cycle(self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write,
-                     on_result=self.on_result, on_observed=self.on_observed)
+        cycle = Cycle(self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write,
+                      on_result=self.on_result, on_observed=self.on_observed)
+        if self.tracer is not None:
+            cycle.tracer = self.tracer
+        return cycle
 
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:
         self.cache = ClusterCache(self.api, self.settings.operations.namespaces.include)

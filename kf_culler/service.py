@@ -40,6 +40,35 @@ def _log_result(r: NotebookResult) -> None:
         "event": r.write.event if r.write else None})
 
 
+def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None = None) -> None:
+    """Feed every notebook result and every pass into the metrics and the logs."""
+
+    def on_result(r: NotebookResult) -> None:
+        metrics.observe_result(r)
+        _log_result(r)
+
+    def on_cycle(result: CycleResult) -> None:
+        metrics.observe_cycle(result)
+        if elector is not None:
+            metrics.leader.set(1 if elector.is_leader() else 0)
+        if runner.cache is not None:
+            gpu_resources = runner.settings.policy.gpu_resources
+            metrics.account_reclaimed(runner.cache.snapshot(), result.now, gpu_resources)
+        log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)
+
+    runner.on_result, runner.on_cycle = on_result, on_cycle
+
+
+def readiness(runner: Runner) -> tuple[bool, str]:
+    """Ready once the caches are synced, and while passes keep completing."""
+    period = runner.settings.operations.check_period_seconds
+    if runner.cache is None or not runner.cache.synced:
+        return False, "notebook cache not synced"
+    if runner.cycles and time.monotonic() - runner.last_cycle_end > 3 * period + 60:
+        return False, "no pass completed recently"
+    return True, "ready"
+
+
 def serve(runner: Runner, opts: Options) -> int:
     setup_logging(opts.json_logs)
     provider = setup_tracing()
@@ -58,32 +87,10 @@ def serve(runner: Runner, opts: Options) -> int:
         runner.may_write = elector.is_leader
         elector.start()
 
-    def on_result(r: NotebookResult) -> None:
-        metrics.observe_result(r)
-        _log_result(r)
-
-    def on_cycle(result: CycleResult) -> None:
-        metrics.observe_cycle(result)
-        if elector is not None:
-            metrics.leader.set(1 if elector.is_leader() else 0)
-        if runner.cache is not None:
-            gpu_resources = runner.settings.policy.gpu_resources
-            metrics.account_reclaimed(runner.cache.snapshot(), result.now, gpu_resources)
-        log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)
-
-    runner.on_result, runner.on_cycle = on_result, on_cycle
-    period = runner.settings.operations.check_period_seconds
-
-    def ready() -> tuple[bool, str]:
-        if runner.cache is None or not runner.cache.synced:
-            return False, "notebook cache not synced"
-        if runner.cycles and time.monotonic() - runner.last_cycle_end > 3 * period + 60:
-            return False, "no pass completed recently"
-        return True, "ready"
-
+    instrument(runner, metrics, elector)
     server = None
     if opts.metrics_address:
-        server = HealthServer(opts.metrics_address, metrics, ready)
+        server = HealthServer(opts.metrics_address, metrics, lambda: readiness(runner))
         server.start()
         log.info("serving /metrics, /healthz, /readyz on %s", opts.metrics_address)
     try:
