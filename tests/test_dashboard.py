@@ -110,6 +110,7 @@ def promtool_test(tmp_path: Path, tests: list[dict[str, Any]]) -> subprocess.Com
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus)")
 def test_every_query_parses(tmp_path: Path) -> None:
+    assert PROMTOOL is not None
     rules = {"groups": [{"name": "dashboard", "rules": [
         {"record": f"dashboard:query_{i}", "expr": concrete(e)} for i, e in enumerate(exprs())]}]}
     path = tmp_path / "rules.yaml"
@@ -150,13 +151,14 @@ def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
         (panel_expr("GPU-hours reclaimed"), 3),
         (panel_expr("GPUs held back from idle notebooks"), 3),
     ]
-    tests = [{"interval": "1m", "input_series": series, "promql_expr_test": [
-        {"expr": e, "eval_time": "65m", "exp_samples": [{"labels": "{}", "value": v}]} for e, v in checks]}]
-    tests[0]["promql_expr_test"].append({
+    expr_tests: list[dict[str, Any]] = [
+        {"expr": e, "eval_time": "65m", "exp_samples": [{"labels": "{}", "value": v}]} for e, v in checks]
+    expr_tests.append({
         "expr": panel_expr("Probe errors by source"), "eval_time": "65m",
         "exp_samples": [{"labels": '{source="jupyter"}', "value": 0.1}]})
-    tests[0]["promql_expr_test"].append({
+    expr_tests.append({
         "expr": panel_expr("Notebooks by state"), "eval_time": "65m",
         "exp_samples": [{"labels": '{state="idle"}', "value": 4}]})
-    proc = promtool_test(tmp_path, tests)
+    proc = promtool_test(tmp_path, [{"interval": "1m", "input_series": series,
+                                     "promql_expr_test": expr_tests}])
     assert proc.returncode == 0, proc.stdout + proc.stderr

