@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ class Writer:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.component = component
-        self.instance = instance or socket.gethostname()
+        self.instance = instance or os.environ.get("POD_NAME") or socket.gethostname()
         self.patches = 0
         self.events = 0
 
