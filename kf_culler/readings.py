@@ -63,9 +63,15 @@ def _count(value: object, what: str) -> int:
 
 
 def _number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+    number: float | None = None
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        try:
+            number = float(value)  # a JSON integer may be too large for a float
+        except OverflowError:
+            number = None
+    if number is None or not math.isfinite(number) or number < 0:
         raise Unreadable(f"{what} is not a non-negative number: {str(value)[:60]!r}")
-    return float(value)
+    return number
 
 
 def _list(value: object, what: str) -> list[Any]:

@@ -29,10 +29,14 @@ def from_epoch_ms(value: object) -> datetime | None:
     """Milliseconds since the epoch (code-server's lastHeartbeat) as UTC; None if not a sane number."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    if not math.isfinite(value) or value < 0:
+    try:
+        ms = float(value)  # a JSON integer may be too large for a float
+    except OverflowError:
+        return None
+    if not math.isfinite(ms) or ms < 0:
         return None
     try:
-        return datetime.fromtimestamp(value / 1000.0, tz=UTC)
+        return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
     except (OverflowError, OSError, ValueError):
         return None
 
