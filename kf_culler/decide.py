@@ -5,6 +5,7 @@ decide(notebook, pod, observations, policy, now) -> Verdict
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,14 +16,15 @@ from kf_culler.model import (
     KEEP_UNTIL_ANNOTATION,
     SERVER_SOURCES,
     SERVER_TYPE_ANNOTATION,
-    STOP_ANNOTATION,
     SOURCES,
+    STOP_ANNOTATION,
     InputError,
     Verdict,
 )
 from kf_culler.readings import IDE_PARSERS, GpuSample, IdeReading, Unreadable, parse_gpu, source_error
 from kf_culler.timeutil import add_minutes, format_time, parse_time
 
+MAX_GPUS = 1 << 20  # a sum of huge requests stays a finite count
 IDE_NAMES = {"jupyter": "Jupyter", "codeServer": "code-server", "rstudio": "RStudio"}
 IDLE_WORDS = {
     "jupyter": "no kernel, terminal or server activity",
@@ -51,10 +53,14 @@ def _containers(obj: dict[str, Any] | None, *path: str) -> list[dict[str, Any]]:
 
 
 def _quantity(value: object) -> float:
+    """A plain resource count (units and garbage count as 0); an infinite one is capped, NaN is 0."""
     try:
-        return float(str(value))
+        number = float(str(value))
     except ValueError:
         return 0.0
+    if math.isnan(number):
+        return 0.0
+    return min(number, MAX_GPUS)
 
 
 def gpu_count(notebook: dict[str, Any], pod: dict[str, Any] | None, resources: tuple[str, ...]) -> int:
@@ -73,7 +79,7 @@ def gpu_count(notebook: dict[str, Any], pod: dict[str, Any] | None, resources: t
             if n > 0:
                 total += n
                 break
-    return int(total)
+    return int(min(total, MAX_GPUS))
 
 
 def server_type(notebook: dict[str, Any], policy: Policy) -> str:
