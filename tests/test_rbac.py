@@ -1,0 +1,166 @@
+"""The shipped RBAC, proven on the real API server: a full culling cycle runs as the culler's
+ServiceAccount, and the same identity is refused everything else."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, utils
+from kubernetes.client.rest import ApiException
+
+from kf_culler.config import load_mapping
+from kf_culler.kube import GROUP, PLURAL, VERSION
+from kf_culler.model import STOP_ANNOTATION
+from kf_culler.plan import EVENT_STOP
+from kf_culler.runner import Runner
+from kf_culler.testing import objects as obj
+from kf_culler.testing.jupyter import JupyterServer
+from kf_culler.testing.kustomize import kubectl_path, render
+from kf_culler.testing.router import Router
+from kf_culler.testing.target import KubeTarget
+
+pytestmark = pytest.mark.cluster
+ROOT = Path(__file__).resolve().parents[1]
+CULLER_NS = "kf-culler-rbac"
+
+
+def rbac_objects(namespace: str, cluster_wide: bool, scope: str | None = None) -> list[dict[str, Any]]:
+    """The base's ServiceAccount and roles, in `namespace`; namespace-scoped: a RoleBinding in `scope`."""
+    out = []
+    for o in render(ROOT / "kustomize" / "base"):
+        if o["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+            continue
+        o = copy.deepcopy(o)
+        suffix = "" if cluster_wide else "-scoped"
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            o["metadata"]["name"] += suffix
+        else:
+            o["metadata"]["namespace"] = namespace
+        for s in o.get("subjects", []):
+            s["namespace"] = namespace
+        if o["kind"] == "ClusterRoleBinding":
+            o["roleRef"]["name"] += suffix
+            if not cluster_wide:
+                o = {**o, "kind": "RoleBinding", "metadata": {"name": "kf-culler", "namespace": scope}}
+        out.append(o)
+    return out
+
+
+def apply(api: Any, objs: list[dict[str, Any]]) -> None:
+    for o in objs:
+        try:
+            utils.create_from_dict(api, o)
+        except utils.FailToCreateError as err:
+            if not all(getattr(e, "status", None) == 409 for e in err.api_exceptions):
+                raise
+
+
+def forbidden(call: Any) -> int:
+    try:
+        call()
+    except ApiException as err:
+        return int(err.status)
+    return 200
+
+
+def test_a_full_cycle_as_the_culler_and_nothing_more(kube: KubeTarget, api: Any, namespace: str) -> None:
+    core = client.CoreV1Api(api)
+    for ns in (CULLER_NS,):
+        try:
+            core.create_namespace({"metadata": {"name": ns}})
+        except ApiException as err:
+            assert err.status == 409
+    apply(api, rbac_objects(CULLER_NS, cluster_wide=True))
+    sa_api = kube.api_client(kube.service_account_kubeconfig(CULLER_NS, "kf-culler"))
+
+    with Router() as router, JupyterServer(namespace, "nb-idle") as server:
+        server.start_kernel()
+        router.add("notebook", namespace, "nb-idle", f"http://127.0.0.1:{server.port}", strip=False)
+        obj.create_notebook(api, namespace, obj.notebook("nb-idle"))
+        obj.running_pod(api, namespace, "nb-idle", datetime.now(UTC) - timedelta(hours=1))
+        core.create_namespaced_secret(namespace, {"metadata": {"name": "token"}, "stringData": {"k": "v"}})
+        time.sleep(3.5)
+        settings = load_mapping({"idleMinutes": 0.05, "warnMinutes": 0, "urls": {"jupyter": router.template()},
+                                 "namespaces": {"include": [namespace]}}, "test")
+        runner = Runner(settings, sa_api)  # exactly the culler's identity
+        runner.start_cache(30)
+        try:
+            result = runner.once()
+        finally:
+            assert runner.cache is not None
+            runner.cache.close()
+    r = result.results[0]
+    assert r.verdict.action == "stop" and r.write is not None and r.write.outcome == "patched"
+    assert r.write.event == "created"
+    assert STOP_ANNOTATION in obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
+    assert [e.reason for e in obj.events_for(api, namespace, "nb-idle")] == [EVENT_STOP]
+
+    custom, sa_core, apps = client.CustomObjectsApi(sa_api), client.CoreV1Api(sa_api), client.AppsV1Api(sa_api)
+    merge = "application/merge-patch+json"
+    assert forbidden(lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                                    "nb-idle")) == 403
+    assert forbidden(lambda: sa_core.read_namespaced_secret("token", namespace)) == 403
+    assert forbidden(lambda: sa_core.list_secret_for_all_namespaces()) == 403
+    assert forbidden(lambda: sa_core.patch_namespaced_pod("nb-idle-0", namespace, {"metadata": {
+        "labels": {"x": "y"}}})) == 403
+    assert forbidden(lambda: sa_core.delete_namespaced_pod("nb-idle-0", namespace)) == 403
+    assert forbidden(lambda: apps.patch_namespaced_stateful_set("nb-idle", namespace, {"spec": {"replicas": 0}},
+                                                                _content_type=merge)) == 403
+    assert forbidden(lambda: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                                    obj.notebook("new"))) == 403
+    assert forbidden(lambda: client.CoordinationV1Api(sa_api).read_namespaced_lease("other", CULLER_NS)) == 403
+
+
+def test_namespace_scoped_mode_is_refused_outside_its_scope(kube: KubeTarget, api: Any, namespace: str) -> None:
+    core = client.CoreV1Api(api)
+    other = f"{namespace}-x"
+    core.create_namespace({"metadata": {"name": other}})
+    scoped_ns = f"{namespace}-culler"
+    core.create_namespace({"metadata": {"name": scoped_ns}})
+    apply(api, rbac_objects(scoped_ns, cluster_wide=False, scope=namespace))
+    sa_api = kube.api_client(kube.service_account_kubeconfig(scoped_ns, "kf-culler"))
+    for ns in (namespace, other):
+        obj.create_notebook(api, ns, obj.notebook("nb"))
+    settings = load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600}, "test")
+    runner = Runner(settings, sa_api, dry_run=True)
+    runner.start_cache(30)
+    try:
+        assert runner.cache is not None and runner.cache.synced
+        names = [r.name for r in runner.once().results]
+    finally:
+        assert runner.cache is not None
+        runner.cache.close()
+    assert names == ["nb"]
+    custom = client.CustomObjectsApi(sa_api)
+    assert forbidden(lambda: custom.list_namespaced_custom_object(GROUP, VERSION, other, PLURAL)) == 403
+    assert forbidden(lambda: custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)) == 403
+    assert forbidden(lambda: custom.patch_namespaced_custom_object(
+        GROUP, VERSION, other, PLURAL, "nb", {"metadata": {"annotations": {STOP_ANNOTATION: "x"}}},
+        _content_type="application/merge-patch+json")) == 403
+
+
+@pytest.mark.parametrize("overlay", ["kubeflow", "dry-run", "gpu-only"])
+def test_rendered_overlay_passes_server_side_dry_run(kube: KubeTarget, api: Any, overlay: str,
+                                                     tmp_path: Path) -> None:
+    kubectl = kubectl_path()
+    assert kubectl is not None
+    try:
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": "kubeflow"}})
+    except ApiException as err:
+        assert err.status == 409
+    served = [o for o in render(ROOT / "kustomize" / "overlays" / overlay)
+              if o["kind"] not in ("AuthorizationPolicy",)]  # Istio's CRDs are not on this cluster
+    assert any(o["kind"] == "Deployment" for o in served)
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all(served))
+    done = subprocess.run([kubectl, "--kubeconfig", str(kube.kubeconfig), "apply", "--dry-run=server",
+                           "-f", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "deployment.apps/kf-culler created (server dry run)" in done.stdout
