@@ -4,6 +4,14 @@
         api = cluster.api_client()          # admin (system:masters) client
         sa_kubeconfig = cluster.service_account_kubeconfig("kubeflow", "kf-culler")
 
+    with LocalCluster(mode="full") as cluster:   # + controller-manager, scheduler, kwok, Node gpu-node
+        cluster.start_notebook_controller()      # Kubeflow's notebook-controller, ENABLE_CULLING=false
+
+"apiserver" (the default) is etcd and kube-apiserver only: objects are stored and watched, but
+nothing acts on them. "full" adds kube-controller-manager (StatefulSets, garbage collection, service
+accounts, namespaces, ...), kube-scheduler and kwok, which plays the kubelet of fake nodes: it marks
+pods scheduled to them Running and finishes their deletion at once (no termination grace period).
+
 Binaries come from the build cache (hack/controlplane/build.sh); they are built on first use.
 """
 
@@ -17,8 +25,9 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -26,10 +35,23 @@ from kf_culler.testing import procs
 from kf_culler.testing.pki import Authority, Pair, service_account_keys
 
 REPO_MARKER = Path("hack") / "controlplane" / "build.sh"
+CRD_PATH = Path("kustomize") / "crd" / "notebooks.kubeflow.org.yaml"
+Mode = Literal["apiserver", "full"]
+APISERVER_BINARIES = ("etcd", "kube-apiserver")
+CLUSTER_BINARIES = (*APISERVER_BINARIES, "kube-controller-manager", "kube-scheduler", "kwok",
+                    "kwok-stages.yaml")
+NOTEBOOK_CONTROLLER_ENV = "KF_CULLER_NOTEBOOK_CONTROLLER"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+GPU_NODE = "gpu-node"
+GPU_RESOURCE = "nvidia.com/gpu"
 
 
 class ClusterError(RuntimeError):
     """The local control plane could not be built or started; the message carries the log tail."""
+
+
+class NotebookControllerUnavailable(ClusterError):
+    """No notebook-controller binary can be had here (not built, and the build failed); says why."""
 
 
 def source_root() -> Path | None:
@@ -73,7 +95,8 @@ def ensure_binaries(component_set: str = "apiserver", names: tuple[str, ...] = (
     root = source_root()
     if root is None:
         raise ClusterError(f"control-plane binaries are missing from {directory} and no kf-culler checkout "
-                           f"(hack/controlplane/build.sh) was found; set KF_CULLER_SOURCE or KF_CULLER_BIN_DIR")
+                           "(hack/controlplane/build.sh) was found; set KF_CULLER_SOURCE or "
+                           "KF_CULLER_BIN_DIR")
     if shutil.which("go") is None:
         raise ClusterError("control-plane binaries are missing and Go is not installed: install Go >= 1.26 "
                            "to build kube-apiserver and etcd")
@@ -87,7 +110,30 @@ def ensure_binaries(component_set: str = "apiserver", names: tuple[str, ...] = (
     return directory
 
 
-def kubeconfig_dict(server: str, ca: Path, user: dict[str, str], name: str = "kf-culler-local") -> dict[str, Any]:
+def notebook_controller_binary(build: bool = True, quiet: bool = True) -> Path:
+    """Kubeflow's notebook-controller: $KF_CULLER_NOTEBOOK_CONTROLLER, else the build cache (built by
+    `build.sh all` on first use). Raises NotebookControllerUnavailable with the build's own error."""
+    env = os.environ.get(NOTEBOOK_CONTROLLER_ENV)
+    if env:
+        path = Path(env)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise NotebookControllerUnavailable(f"{NOTEBOOK_CONTROLLER_ENV}={env} is not an executable file")
+        return path
+    path = bin_dir() / "notebook-controller"
+    if path.is_file():
+        return path
+    if not build:
+        raise NotebookControllerUnavailable(f"{path} does not exist; run hack/controlplane/build.sh all")
+    try:
+        ensure_binaries("all", ("notebook-controller",), quiet=quiet)
+    except ClusterError as err:
+        raise NotebookControllerUnavailable(
+            f"Kubeflow's notebook-controller could not be built: {err}") from None
+    return path
+
+
+def kubeconfig_dict(server: str, ca: Path, user: dict[str, str],
+                    name: str = "kf-culler-local") -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Config", "current-context": name,
         "clusters": [{"name": name, "cluster": {
@@ -98,19 +144,34 @@ def kubeconfig_dict(server: str, ca: Path, user: dict[str, str], name: str = "kf
 
 
 class LocalCluster:
-    """etcd + kube-apiserver on free loopback ports, RBAC on, torn down completely by stop()."""
+    """etcd + kube-apiserver on free loopback ports, RBAC on, torn down completely by stop().
 
-    def __init__(self, workdir: Path | None = None, quiet: bool = True, keep_serviceaccount_admission: bool = False):
+    mode="full" also runs kube-controller-manager, kube-scheduler and kwok, and registers the fake
+    Node `gpu-node` (nvidia.com/gpu: 1) that kwok plays. The ServiceAccount admission plugin is on in
+    "full" mode (the controller-manager creates the default service accounts) and off otherwise,
+    unless keep_serviceaccount_admission says.
+    """
+
+    def __init__(self, workdir: Path | None = None, quiet: bool = True,
+                 keep_serviceaccount_admission: bool | None = None, mode: Mode = "apiserver",
+                 gpu_node: bool = True):
+        if mode not in ("apiserver", "full"):
+            raise ValueError(f"unknown LocalCluster mode {mode!r} (expected 'apiserver' or 'full')")
         self.quiet = quiet
+        self.mode: Mode = mode
         self._own_dir = workdir is None
         self.dir = Path(tempfile.mkdtemp(prefix="kf-culler-cluster-")) if workdir is None else workdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
         self.server = ""
         self.kubeconfig = self.dir / "admin.kubeconfig"
-        self._keep_sa_admission = keep_serviceaccount_admission
+        self._keep_sa_admission = (mode == "full") if keep_serviceaccount_admission is None \
+            else keep_serviceaccount_admission
+        self._gpu_node = gpu_node
         self.ca: Pair | None = None
         self.admin: Pair | None = None
+        self._authority: Authority | None = None
+        self._sa: Pair | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> LocalCluster:
@@ -128,14 +189,19 @@ class LocalCluster:
             raise
 
     def _start(self) -> None:
-        bins = ensure_binaries(quiet=self.quiet)
+        if self.mode == "full":
+            bins = ensure_binaries("cluster", CLUSTER_BINARIES, quiet=self.quiet)
+        else:
+            bins = ensure_binaries(quiet=self.quiet)
         pki = self.dir / "pki"
         pki.mkdir(parents=True, exist_ok=True)
         authority = Authority(pki)
+        self._authority = authority
         self.ca = authority.pair
         serving = authority.issue("apiserver", "kube-apiserver", server=True)
         self.admin = authority.issue("admin", "kf-culler-admin", ("system:masters",), client=True)
         sa = service_account_keys(pki)
+        self._sa = sa
 
         etcd_port, peer_port, api_port = procs.free_port(), procs.free_port(), procs.free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
@@ -175,6 +241,160 @@ class LocalCluster:
             "client-key-data": base64.b64encode(self.admin.key.read_bytes()).decode(),
         })))
         self._wait_http("kube-apiserver", f"{self.server}/readyz", timeout=120, tls=True)
+        if self.mode == "full":
+            self._start_full(bins)
+
+    # -- "full" mode -----------------------------------------------------------------------------
+    def _client_kubeconfig(self, stem: str, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig with a fresh client certificate for `user` (e.g. system:kube-scheduler)."""
+        assert self._authority is not None
+        pair = self._authority.issue(stem, user, groups, client=True)
+        path = self.dir / f"{stem}.kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig_dict(self.server, self._authority.pair.cert, {
+            "client-certificate-data": base64.b64encode(pair.cert.read_bytes()).decode(),
+            "client-key-data": base64.b64encode(pair.key.read_bytes()).decode(),
+        })))
+        path.chmod(0o600)
+        return path
+
+    def _start_full(self, bins: Path) -> None:
+        assert self.ca is not None and self._sa is not None
+        kcm = self._client_kubeconfig("kube-controller-manager", "system:kube-controller-manager")
+        kcm_port = procs.free_port()
+        self._launch("kube-controller-manager", [
+            str(bins / "kube-controller-manager"),
+            "--kubeconfig", str(kcm),
+            "--authentication-kubeconfig", str(kcm), "--authorization-kubeconfig", str(kcm),
+            "--bind-address", "127.0.0.1", "--secure-port", str(kcm_port),
+            "--cert-dir", str(self.dir / "pki" / "kcm"),
+            "--controllers", "*",
+            "--use-service-account-credentials",
+            "--service-account-private-key-file", str(self._sa.key),
+            "--root-ca-file", str(self.ca.cert),
+            "--cluster-name", "kf-culler-local",
+            "--leader-elect=false", "--profiling=false", "--v", "1",
+        ])
+        sched = self._client_kubeconfig("kube-scheduler", "system:kube-scheduler")
+        sched_port = procs.free_port()
+        self._launch("kube-scheduler", [
+            str(bins / "kube-scheduler"),
+            "--kubeconfig", str(sched),
+            "--authentication-kubeconfig", str(sched), "--authorization-kubeconfig", str(sched),
+            "--bind-address", "127.0.0.1", "--secure-port", str(sched_port),
+            "--cert-dir", str(self.dir / "pki" / "scheduler"),
+            "--leader-elect=false", "--profiling=false", "--v", "1",
+        ])
+        # kwok plays the kubelet of the nodes annotated kwok.x-k8s.io/node=fake (and only those).
+        # Without --server-address or --node-port it serves nothing.
+        self._launch("kwok", [
+            str(bins / "kwok"),
+            "--kubeconfig", str(self.kubeconfig),
+            "--config", str(bins / "kwok-stages.yaml"),
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            "--node-lease-duration-seconds", "40",
+            "--node-ip", "127.0.0.1",
+        ])
+        self._wait_http("kube-controller-manager", f"https://127.0.0.1:{kcm_port}/healthz", timeout=60,
+                        tls=True, verify=False)
+        self._wait_http("kube-scheduler", f"https://127.0.0.1:{sched_port}/healthz", timeout=60,
+                        tls=True, verify=False)
+        if self._gpu_node:
+            self.add_fake_node(GPU_NODE, gpus=1)
+
+    def add_fake_node(self, name: str, gpus: int = 0, cpu: str = "32", memory: str = "256Gi",
+                      pods: str = "110", timeout: float = 60) -> dict[str, Any]:
+        """Register a Node that kwok plays ("full" mode) and wait until pods can be scheduled to it."""
+        if self.mode != "full" or "kwok" not in self.procs:
+            raise ClusterError("fake nodes need LocalCluster(mode='full') (kwok plays their kubelet)")
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        core: Any = client.CoreV1Api(self.api_client())
+        resources = {"cpu": cpu, "memory": memory, "pods": pods}
+        if gpus:
+            resources[GPU_RESOURCE] = str(gpus)
+        body = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                         "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                    "type": "kwok"}},
+            "status": {"capacity": resources, "allocatable": resources},
+        }
+        try:
+            core.create_node(body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+        # Some API server versions drop status on create: make sure capacity is there.
+        core.patch_node_status(name, {"status": {"capacity": resources, "allocatable": resources}})
+
+        def ready() -> bool:
+            if self.procs["kwok"].poll() is not None:
+                raise ClusterError(f"kwok exited with status {self.procs['kwok'].returncode}; last lines "
+                                   f"of its log:\n{procs.tail(self.logs['kwok'])}")
+            node = core.read_node(name)
+            conds = node.status.conditions or []
+            alloc = node.status.allocatable or {}
+            # Ready, with its capacity, and the controller-manager has lifted the not-ready taint.
+            return any(c.type == "Ready" and c.status == "True" for c in conds) and \
+                all(alloc.get(k) == v for k, v in resources.items()) and \
+                not any(t.key.startswith("node.kubernetes.io/") for t in node.spec.taints or [])
+
+        try:
+            procs.wait_until(ready, timeout, interval=0.2, what=f"node {name} to be Ready")
+        except TimeoutError as err:
+            raise ClusterError(f"{err}; last lines of kwok's log:\n{procs.tail(self.logs['kwok'])}") from None
+        result: dict[str, Any] = self.api_client().sanitize_for_serialization(core.read_node(name))
+        return result
+
+    def apply_notebook_crd(self, timeout: float = 60) -> None:
+        """Create the Notebook CRD (kustomize/crd) and wait until it is Established."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        root = source_root() or Path.cwd()
+        body = yaml.safe_load((root / CRD_PATH).read_text())
+        ext: Any = client.ApiextensionsV1Api(self.api_client())
+        try:
+            ext.create_custom_resource_definition(body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+
+        def established() -> bool:
+            crd = ext.read_custom_resource_definition(body["metadata"]["name"])
+            return any(c.type == "Established" and c.status == "True"
+                       for c in (crd.status.conditions if crd.status else None) or [])
+
+        procs.wait_until(established, timeout, interval=0.2, what="the Notebook CRD to be Established")
+
+    def start_notebook_controller(self, binary: Path | None = None, timeout: float = 60,
+                                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Run Kubeflow's notebook-controller against this cluster with built-in culling off.
+
+        Applies the Notebook CRD first. Metrics and health probes bind to loopback ports; leader
+        election is off; no Istio. Raises NotebookControllerUnavailable when no binary can be had.
+        """
+        if self.mode != "full":
+            raise ClusterError("the notebook-controller needs LocalCluster(mode='full'): without the "
+                               "controller-manager its StatefulSets never get pods")
+        path = binary or notebook_controller_binary(quiet=self.quiet)
+        self.apply_notebook_crd()
+        metrics_port, probe_port = procs.free_port(), procs.free_port()
+        run_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.dir),
+            "KUBECONFIG": str(self.kubeconfig),
+            "ENABLE_CULLING": "false", "USE_ISTIO": "false", "CLUSTER_DOMAIN": "cluster.local",
+            **(env or {}),
+        }
+        self.add_process("notebook-controller", [
+            str(path), "--kubeconfig", str(self.kubeconfig),
+            "--metrics-addr", f"127.0.0.1:{metrics_port}", "--probe-addr", f"127.0.0.1:{probe_port}",
+            "--enable-leader-election=false", "--zap-log-level=info",
+        ], env=run_env)
+        self._wait_http("notebook-controller", f"http://127.0.0.1:{probe_port}/readyz", timeout=timeout)
+        return self.procs["notebook-controller"]
 
     def stop(self) -> None:
         for name in reversed(list(self.procs)):
@@ -189,16 +409,22 @@ class LocalCluster:
         self.logs[name] = log
         self.procs[name] = procs.start(cmd, log)
 
-    def add_process(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def add_process(self, name: str, cmd: list[str],
+                    env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Run another component (a controller, kwok, ...) that is stopped with the cluster."""
         log = self.dir / f"{name}.log"
         self.logs[name] = log
         self.procs[name] = procs.start(cmd, log, env=env)
         return self.procs[name]
 
-    def _wait_http(self, name: str, url: str, timeout: float, tls: bool = False) -> None:
+    def _wait_http(self, name: str, url: str, timeout: float, tls: bool = False, verify: bool = True) -> None:
         ctx: ssl.SSLContext | None = None
-        if tls:
+        if tls and not verify:
+            # A component's self-signed serving certificate on loopback; only /healthz is read.
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        elif tls:
             assert self.ca is not None and self.admin is not None
             ctx = ssl.create_default_context(cafile=str(self.ca.cert))
             ctx.load_cert_chain(str(self.admin.cert), str(self.admin.key))
@@ -225,7 +451,8 @@ class LocalCluster:
     def api_client(self, kubeconfig: Path | None = None) -> Any:
         from kubernetes import config
 
-        return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
+        new_client: Any = config.new_client_from_config
+        return new_client(config_file=str(kubeconfig or self.kubeconfig))
 
     def service_account_kubeconfig(self, namespace: str, name: str, path: Path | None = None,
                                    seconds: int = 3600) -> Path:
@@ -242,13 +469,14 @@ def service_account_kubeconfig(api: Any, server: str, ca: Path, namespace: str, 
                                seconds: int = 3600) -> Path:
     """A kubeconfig that acts exactly as ServiceAccount namespace/name (token from the TokenRequest API)."""
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
-    core = client.CoreV1Api(api)
-    for body, create in (
+    core: Any = client.CoreV1Api(api)
+    creates: list[tuple[dict[str, Any], Callable[[dict[str, Any]], object]]] = [
         ({"metadata": {"name": namespace}}, lambda b: core.create_namespace(b)),
         ({"metadata": {"name": name}}, lambda b: core.create_namespaced_service_account(namespace, b)),
-    ):
+    ]
+    for body, create in creates:
         try:
             create(body)
         except ApiException as err:
