@@ -163,10 +163,11 @@ def _session(plan: Plan, rng: random.Random, p: Profile, arrive: int, leave: int
     while t < leave:
         block_end = min(t + rng.randint(25, 90), leave)
         if long_steps and p.ide != "codeServer" and rng.random() < 0.04:
-            # a long step (data preparation, an R model fit) runs while the user is in a meeting
+            # a long step (data preparation, an R model fit) runs while the user is in a meeting; half
+            # of them print nothing, and then look exactly like a hung call: busy, quiet, GPU idle
             g, u, m = p.idle()
-            plan.to(block_end + rng.randint(30, 120), State("working", executing=True, kernel="busy",
-                                                            gpu=g, util=u, mem=m))
+            plan.to(block_end + rng.randint(30, 120), State("working", executing=rng.random() < 0.5,
+                                                            kernel="busy", gpu=g, util=u, mem=m))
         else:
             if (p.gpus or p.ide == "rstudio") and rng.random() < 0.55 and block_end - t >= 10:
                 length = rng.randint(3, min(25, block_end - t - 2))
@@ -277,7 +278,7 @@ def plan_tab_overnight(rng: random.Random, p: Profile, days: int) -> list[Span]:
             continue
         plan.to(window[0], evening)
         _session(plan, rng, p, *window)
-        evening = p.present() if rng.random() < 0.85 else p.away()
+        evening = p.present()
     plan.fill(evening)
     return plan.spans
 
