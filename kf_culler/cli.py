@@ -28,7 +28,11 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
     source = "<stdin>" if args.input == "-" else args.input
     try:
-        text = sys.stdin.read() if args.input == "-" else open(args.input, encoding="utf-8").read()
+        if args.input == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.input, encoding="utf-8") as fh:
+                text = fh.read()
     except (OSError, UnicodeDecodeError) as err:
         print(f"kf-culler decide: {source}: cannot read: {err}", file=sys.stderr)
         return 2
@@ -42,10 +46,10 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Settings | None:
-    from kf_culler.config import ConfigError, Settings, load_file, load_mapping
+    from kf_culler.config import ConfigError, load_file, load_mapping
 
     try:
-        settings: Settings = load_file(args.config) if args.config else load_mapping({}, "defaults")
+        settings = load_file(args.config) if args.config else load_mapping({}, "defaults")
     except ConfigError as err:
         print(f"kf-culler {args.command}: {err}", file=sys.stderr)
         return None
@@ -100,7 +104,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     cache = runner.start_cache(timeout=args.timeout)
     try:
         items = [(nb, pod) for nb, pod in cache.snapshot()
-                 if (nb.get("metadata") or {}).get("namespace") == ns and (nb.get("metadata") or {}).get("name") == name]
+                 if ((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")) == (ns, name)]
         if not items:
             print(f"kf-culler explain: notebook {ns}/{name} not found", file=sys.stderr)
             return 1

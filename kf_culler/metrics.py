@@ -14,7 +14,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.decide import gpu_count
-from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
+from kf_culler.model import (
+    SERVER_SOURCES,
+    STOP_ANNOTATION,
+    STOPPED_AT_ANNOTATION,
+    STOPPED_BY_ANNOTATION,
+    STOPPED_BY_VALUE,
+)
 from kf_culler.timeutil import parse_time
 
 STATES = ("active", "connected", "idle", "no-signal", "starting", "exempt", "stopped")
@@ -99,7 +105,7 @@ class HealthServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     self._send(200, outer.metrics.render(), CONTENT_TYPE_LATEST)

@@ -141,12 +141,11 @@ def test_launcher_leaves_nothing_behind_even_when_the_body_fails(kube: KubeTarge
 
     pids: list[int] = []
     workdir: Path | None = None
-    with pytest.raises(RuntimeError, match="a failing test"):
-        with LocalCluster() as cluster:
-            pids = [p.pid for p in cluster.procs.values()]
-            workdir = cluster.dir
-            assert len(pids) == 2 and workdir.is_dir()
-            raise RuntimeError("a failing test")
+    with pytest.raises(RuntimeError, match="a failing test"), LocalCluster() as cluster:
+        pids = [p.pid for p in cluster.procs.values()]
+        workdir = cluster.dir
+        assert len(pids) == 2 and workdir.is_dir()
+        raise RuntimeError("a failing test")
     assert workdir is not None and not workdir.exists()
     for pid in pids:
         with pytest.raises(ProcessLookupError):

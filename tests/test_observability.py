@@ -196,7 +196,7 @@ def test_collector_down_never_holds_up_the_cycle(api: Any, namespace: str,
 
 def test_otlp_spans_arrive_at_a_receiver(kube: KubeTarget, api: Any, namespace: str, tmp_path: Path,
                                          fleet: tuple[Router, Prometheus]) -> None:
-    router, prom = fleet
+    router, _ = fleet
     received: list[int] = []
     loop = asyncio.new_event_loop()
     port = free_port()

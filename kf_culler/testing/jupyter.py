@@ -40,7 +40,7 @@ class JupyterServer:
                "JUPYTER_DATA_DIR": str(self.dir / "data"), "JUPYTER_CONFIG_DIR": str(self.dir / "config"),
                "IPYTHONDIR": str(self.dir / "ipython"), "HOME": str(self.dir)}
         cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
-               f"--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
                f"--ServerApp.base_url={self.base_path}", "--IdentityProvider.token=",
                "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
                f"--ServerApp.root_dir={self.dir}",

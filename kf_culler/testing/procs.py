@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -50,10 +51,8 @@ def stop(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None:
 
 
 def _kill_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def wait_until(pred: object, timeout: float, interval: float = 0.1, what: str = "condition") -> None:
