@@ -263,10 +263,10 @@ class HandoffTimes:
     pod_b_running: float  # kwok reported B's pod Running
 
     def lines(self) -> list[str]:
-        return [f"  A's StatefulSet scaled to 0 (notebook-controller)   +{self.statefulset_scaled:6.2f} s",
-                f"  A's pod deleted (StatefulSet controller, kwok)       +{self.pod_a_gone:6.2f} s",
-                f"  B's pod bound to {GPU_NODE} (kube-scheduler)          +{self.pod_b_bound:6.2f} s",
-                f"  B's pod Running (kwok)                               +{self.pod_b_running:6.2f} s"]
+        return [f"  StatefulSet a scaled to 0 (notebook-controller)    +{self.statefulset_scaled:6.2f} s",
+                f"  pod a-0 deleted (StatefulSet controller, kwok)     +{self.pod_a_gone:6.2f} s",
+                f"  pod b-0 bound to {GPU_NODE} (kube-scheduler)        +{self.pod_b_bound:6.2f} s",
+                f"  pod b-0 Running (kwok)                             +{self.pod_b_running:6.2f} s"]
 
 
 @dataclass
