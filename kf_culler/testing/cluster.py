@@ -124,11 +124,14 @@ def notebook_controller_binary(build: bool = True, quiet: bool = True) -> Path:
         return path
     if not build:
         raise NotebookControllerUnavailable(f"{path} does not exist; run hack/controlplane/build.sh all")
+    if not quiet:
+        print(f"Building Kubeflow's notebook-controller into {path.parent} ...", file=sys.stderr)
     try:
-        ensure_binaries("all", ("notebook-controller",), quiet=quiet)
+        ensure_binaries("all", ("notebook-controller",), quiet=True)
     except ClusterError as err:
+        lines = [ln for ln in str(err).splitlines() if not ln.endswith(": cached")]
         raise NotebookControllerUnavailable(
-            f"Kubeflow's notebook-controller could not be built: {err}") from None
+            "Kubeflow's notebook-controller could not be built: " + "\n".join(lines)) from None
     return path
 
 
