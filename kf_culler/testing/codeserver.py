@@ -8,6 +8,7 @@ script when it is missing) and raises `Unavailable` only when it cannot be had h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -144,8 +145,15 @@ class CodeServer:
             try:
                 yield ws
             finally:
+                # Stop reading before closing: close() waits for a pending receive() to end.
                 reader.cancel()
-                await ws.close()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+                # A socket that VS Code's server has not taken over yet may never answer the close
+                # frame; leaving the session then drops the TCP connection all the same.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(5):
+                        await ws.close()
 
 
 async def _drain(ws: aiohttp.ClientWebSocketResponse) -> None:
