@@ -30,23 +30,25 @@ def comparison_png(result: ReplayResult, path: str | Path) -> None:
     names = result.rule_names
     totals = [result.total(i) for i in range(len(names))]
     known = result.truth_known
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1, 1.25]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 6.4), gridspec_kw={"width_ratios": [1, 1.2]})
 
     xs = [t.interruptions if known else t.stops for t in totals]
     ys = [t.reclaimed_total_gpu_s / HOUR for t in totals]
+    markers = "osD^vP*X"
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, name in enumerate(names):
-        left.scatter([xs[i]], [ys[i]], s=90, color=colours[i % len(colours)], zorder=3, label=name)
-        left.annotate(name, (xs[i], ys[i]), textcoords="offset points", xytext=(8, 6), fontsize=8)
+        left.scatter([xs[i]], [ys[i]], s=90, color=colours[i % len(colours)], marker=markers[i % len(markers)],
+                     zorder=3, label=f"{name}: {xs[i]:,}, {ys[i]:,.0f} GPU-h")
     if known:
-        left.axhline(result.oracle_gpu_s / HOUR, color="black", linestyle="--", linewidth=1)
-        left.annotate("oracle reclaimable", (0, result.oracle_gpu_s / HOUR), textcoords="offset points",
-                      xytext=(4, 4), fontsize=8)
-    left.set_xlabel("interruptions (stops while working)" if known else "stops")
+        left.axhline(result.oracle_gpu_s / HOUR, color="black", linestyle="--", linewidth=1,
+                     label=f"oracle reclaimable: {result.oracle_gpu_s / HOUR:,.0f} GPU-h")
+    left.set_xscale("symlog", linthresh=10)
+    left.set_xlim(left=-1, right=max(10, max(xs)) * 3)
+    left.set_xlabel("interruptions (stops while working), symmetric log scale" if known else "stops")
     left.set_ylabel("GPU-hours reclaimed")
-    left.set_xlim(left=-max(1, max(xs)) * 0.05, right=max(1, max(xs)) * 1.25)
-    left.set_ylim(bottom=0, top=max([*ys, result.oracle_gpu_s / HOUR]) * 1.15 or 1)
+    left.set_ylim(bottom=0, top=max([*ys, result.oracle_gpu_s / HOUR]) * 1.1 or 1)
     left.grid(True, alpha=0.3)
+    left.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     left.set_title("reclaimed vs interrupted")
 
     parts = ("absent", "present", "working") if known else ("unknown",)
@@ -62,7 +64,7 @@ def comparison_png(result: ReplayResult, path: str | Path) -> None:
                       label="oracle reclaimable")
     right.invert_yaxis()
     right.set_xlabel("GPU-hours")
-    right.legend(fontsize=8, loc="lower right")
+    right.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     right.set_title(f"of {result.baseline_gpu_s / HOUR:,.0f} GPU-hours held without a culler")
     right.grid(True, axis="x", alpha=0.3)
     fig.suptitle(f"{len(result.notebooks)} notebooks, {result.records:,} records")
