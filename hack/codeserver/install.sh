@@ -23,6 +23,7 @@ want="code-server@${version} node@${node_spec}"
 
 say() { printf 'codeserver-install: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
+NO_NPM=3  # exit status when npm is missing (tests skip on it; any other failure is an error)
 
 if [[ -f "${marker}" && -x "${exe}" && "$(cat "${marker}")" == "${want}" ]]; then
   say "already installed in ${dir}"
@@ -30,7 +31,10 @@ if [[ -f "${marker}" && -x "${exe}" && "$(cat "${marker}")" == "${want}" ]]; the
   exit 0
 fi
 
-command -v npm >/dev/null 2>&1 || die "npm is not on PATH; install Node.js and npm (e.g. apt-get install npm) first"
+if ! command -v npm >/dev/null 2>&1; then
+  say "error: npm is not on PATH; install Node.js and npm (e.g. apt-get install npm) first"
+  exit "${NO_NPM}"
+fi
 
 # code-server's postinstall builds VS Code's native modules from source (their prebuilt binaries are
 # downloaded from outside the npm registry): it needs a C/C++ toolchain, Python and the Kerberos GSSAPI

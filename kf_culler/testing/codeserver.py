@@ -1,8 +1,8 @@
 """A real code-server on loopback, as Kubeflow runs it (`--auth none`, served at `/`).
 
 code-server and the Node.js it needs come from the npm registry through hack/codeserver/install.sh,
-which keeps them in a cache outside the repository. `executable()` finds that install (running the
-script when it is missing) and raises `Unavailable` only when it cannot be had here: npm is missing.
+which keeps them in a cache outside the repository. `executable()` runs that script (a no-op once
+installed) and raises `Unavailable` only when code-server cannot be had here: not installed, and no npm.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from kf_culler.testing import procs
 VERSION = "4.139.1"
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = ROOT / "hack" / "codeserver" / "install.sh"
+NO_NPM = 3  # the install script's exit status when npm is missing
 
 
 class Unavailable(Exception):
@@ -41,9 +42,6 @@ def executable(install_timeout: float = 1800) -> Path:
         if not os.access(path, os.X_OK):
             raise RuntimeError(f"KF_CULLER_CODE_SERVER={given} is not an executable")
         return path
-    if shutil.which("npm") is None:
-        raise Unavailable("npm is not installed: code-server comes from the npm registry "
-                          "(see hack/codeserver/install.sh)")
     if not INSTALL_SCRIPT.is_file():
         raise RuntimeError(f"{INSTALL_SCRIPT} is missing; "
                            "set KF_CULLER_CODE_SERVER to a code-server executable")
@@ -53,6 +51,9 @@ def executable(install_timeout: float = 1800) -> Path:
     # path is the last line of stdout.
     done = subprocess.run(["bash", str(INSTALL_SCRIPT)], env=env, capture_output=True, text=True,
                           timeout=install_timeout, check=False)
+    if done.returncode == NO_NPM:
+        raise Unavailable("npm is not installed and code-server is not installed yet: code-server "
+                          "comes from the npm registry (see hack/codeserver/install.sh)")
     if done.returncode != 0:
         raise RuntimeError(f"{INSTALL_SCRIPT} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     lines = done.stdout.strip().splitlines()
