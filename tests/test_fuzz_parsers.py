@@ -214,9 +214,11 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 PODS = [("team-a", "nb-0"), ("team-b", "nb-1-0"), ("team-a", "other")]
 label_values = st.sampled_from(["team-a", "team-b", "nb-0", "nb-1-0", "nb-1", "", "x"])
 labels = st.one_of(
-    st.fixed_dictionaries({}, optional={k: label_values for k in (
-        "namespace", "pod", "exported_namespace", "exported_pod", "destination_workload_namespace",
-        "destination_workload", "gpu", "UUID", "Hostname", "GPU_I_ID")}),
+    st.fixed_dictionaries({}, optional={
+        "__name__": st.sampled_from([UTIL, MEMORY, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "up"]),
+        **{k: label_values for k in (
+            "namespace", "pod", "exported_namespace", "exported_pod", "destination_workload_namespace",
+            "destination_workload", "gpu", "UUID", "Hostname", "GPU_I_ID")}}),
     json_any)
 prom_time = st.one_of(st.floats(NOW.timestamp() - 3600, NOW.timestamp()), numbers, st.text(max_size=8))
 prom_value = st.one_of(st.sampled_from(["0", "1", "55.5", "1024", "NaN", "+Inf", "-Inf", "1e400", "x", ""]),
