@@ -16,7 +16,12 @@ import pytest
 
 from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
 from kf_culler.plan import EVENT_STOP
-from kf_culler.testing.cluster import GPU_NODE, LocalCluster, NotebookControllerUnavailable
+from kf_culler.testing.cluster import (
+    GPU_NODE,
+    LocalCluster,
+    NotebookControllerUnavailable,
+    notebook_controller_binary,
+)
 from kf_culler.testing.handoff import (
     INSUFFICIENT_GPU,
     GpuHandoff,
@@ -31,8 +36,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     try:
+        binary = notebook_controller_binary()  # before the cluster: a skip costs no start-up
         with open_full_cluster() as c:
-            start_controller(c)
+            start_controller(c, binary)
             yield c
     except (Unavailable, NotebookControllerUnavailable) as why:
         pytest.skip(str(why))

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from kf_culler.config import Settings, load_mapping
@@ -83,9 +84,9 @@ def open_full_cluster(quiet: bool = True) -> Iterator[LocalCluster]:
         cluster.stop()
 
 
-def start_controller(cluster: LocalCluster) -> None:
+def start_controller(cluster: LocalCluster, binary: Path | None = None) -> None:
     """Kubeflow's notebook-controller on the cluster; NotebookControllerUnavailable says why not."""
-    cluster.start_notebook_controller()
+    cluster.start_notebook_controller(binary)
 
 
 
