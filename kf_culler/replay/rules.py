@@ -95,8 +95,9 @@ class KubeflowKernelRule:
         if memo.get("started") != started:  # a new pod: last-activity starts again
             memo["started"], memo["last"] = started, started
         kernels = _kernels(observations.get("jupyter"))
+        busy = bool(kernels) and any(k.get("execution_state") == "busy" for k in kernels or ())
         if kernels:
-            if any(k.get("execution_state") == "busy" for k in kernels):
+            if busy:
                 memo["last"] = now
             else:
                 times = [parse_time(k.get("last_activity")) for k in kernels]
@@ -106,7 +107,7 @@ class KubeflowKernelRule:
         if last + timedelta(minutes=self.idle_minutes) < now:
             return Check("stop", "idle", f"no kernel activity since {format_time(last)} "
                          f"(CULL_IDLE_TIME {self.idle_minutes:g} min)")
-        return Check("keep", "active" if last == now else "idle", f"last kernel activity {format_time(last)}")
+        return Check("keep", "active" if busy else "idle", f"last kernel activity {format_time(last)}")
 
 
 def _busy_times(raw: object, util: float) -> list[datetime]:
