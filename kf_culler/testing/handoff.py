@@ -264,10 +264,11 @@ class HandoffTimes:
     pod_b_running: float  # kwok reported B's pod Running
 
     def lines(self) -> list[str]:
-        return [f"  StatefulSet a scaled to 0 (notebook-controller)    +{self.statefulset_scaled:6.2f} s",
-                f"  pod a-0 deleted (StatefulSet controller, kwok)     +{self.pod_a_gone:6.2f} s",
-                f"  pod b-0 bound to {GPU_NODE} (kube-scheduler)        +{self.pod_b_bound:6.2f} s",
-                f"  pod b-0 Running (kwok)                             +{self.pod_b_running:6.2f} s"]
+        steps = [("StatefulSet a scaled to 0 (notebook-controller)", self.statefulset_scaled),
+                 ("pod a-0 deleted (StatefulSet controller, kwok)", self.pod_a_gone),
+                 (f"pod b-0 bound to {GPU_NODE} (kube-scheduler)", self.pod_b_bound),
+                 ("pod b-0 Running (kwok)", self.pod_b_running)]
+        return [f"  {what.ljust(50)} +{seconds:6.2f} s" for what, seconds in steps]
 
 
 @dataclass
