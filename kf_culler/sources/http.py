@@ -16,6 +16,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from kf_culler.config import ProbeSettings
 
+REQUESTS_PER_NOTEBOOK = 3  # Jupyter: api/status, api/kernels, api/terminals
+
 
 class Transient(Exception):
     """A failure worth one more try (connection refused/reset, 502/503/504)."""
@@ -46,8 +48,12 @@ class Fetcher:
 
     @classmethod
     def open(cls, settings: ProbeSettings, concurrency: int) -> Fetcher:
-        connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=8, ttl_dns_cache=300,
-                                         enable_cleanup_closed=True)
+        # `concurrency` notebooks are probed at once and one notebook asks up to REQUESTS_PER_NOTEBOOK
+        # endpoints at once: the pool holds them all, or a request would wait for a connection inside
+        # its own time budget and a few hanging notebooks would time out their neighbours. No limit per
+        # host: with URL templates through one gateway every notebook shares that host.
+        connector = aiohttp.TCPConnector(limit=concurrency * REQUESTS_PER_NOTEBOOK, limit_per_host=0,
+                                         ttl_dns_cache=300, enable_cleanup_closed=True)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_seconds,
                                         sock_read=settings.timeout_seconds)
         session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=True,
