@@ -1,7 +1,8 @@
 """GPU samples per pod from dcgm-exporter series in Prometheus.
 
-One range query per metric covers every GPU pod in the cluster; the answers are split by pod here,
-so the number of queries per cycle does not grow with the number of notebooks.
+One range query covers every metric read (utilisation, memory, engine activity) of every GPU pod in
+the cluster; the answer is split by metric and pod here, so a cycle makes one query whatever the
+number of notebooks.
 
 Labels: dcgm-exporter puts `namespace`/`pod` on a GPU's series. When Prometheus scrapes it without
 `honor_labels`, those collide with the target's own labels and arrive as `exported_namespace`/
@@ -116,6 +117,11 @@ class PrometheusGpu:
         """Every series of `metric` that belongs to a pod, in either label style."""
         return f'{metric}{{pod!=""}} or {metric}{{exported_pod!=""}}'
 
+    def bulk_expr(self) -> str:
+        """Every series of every metric read that belongs to a pod, in either label style: one query."""
+        names = "|".join(self.metrics())
+        return f'{{__name__=~"{names}",pod!=""}} or {{__name__=~"{names}",exported_pod!=""}}'
+
     def stale_after_seconds(self) -> float:
         """A pod whose newest sample is older than this is not being observed now."""
         return max(3 * self.settings.step_seconds, 300.0)
@@ -150,9 +156,11 @@ class PrometheusGpu:
         step = self.settings.step_seconds
         end = datetime.fromtimestamp(math.floor(now.timestamp() / step) * step, tz=UTC)  # on the step grid
         start = end - timedelta(minutes=self.settings.lookback_minutes)
-        results: dict[str, list[Series]] = {}
-        for metric in self.metrics():
-            results[metric] = self.client.query_range(self.expr(metric), start, end, step)
+        results: dict[str, list[Series]] = {metric: [] for metric in self.metrics()}
+        for series in self.client.query_range(self.bulk_expr(), start, end, step):
+            name = series.labels.get("__name__", "")
+            if name in results:
+                results[name].append(series)
         for metric in (UTIL, MEMORY):
             if not results[metric]:
                 raise PromError(f"no {metric} series in the last {self.settings.lookback_minutes:g} min "
