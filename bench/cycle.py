@@ -1,0 +1,687 @@
+"""One culling cycle at scale, and the same fleet under Kubeflow's built-in culler.
+
+    python bench/cycle.py --notebooks 1000 [--steady-minutes 10] [--json out.json]
+    python bench/cycle.py --notebooks 10000 --kubeflow [--kubeflow-minutes 10]   # root: a netns
+
+The fleet: N Notebooks and their Running pods on a real kube-apiserver (LocalCluster), one aiohttp
+server answering every notebook's Jupyter or code-server endpoints after `--latency-ms` (5% hang
+past every probe timeout), and a real Prometheus scraping a stand-in dcgm-exporter with a series per
+GPU of the GPU pods. A share of the notebooks is active (busy kernel, working GPU), the rest idle;
+`--crossing` more notebooks in namespace bench-cross cross the idle limit during the steady window.
+
+kf-culler runs in a child process of its own (so its peak RSS and CPU are its own) with the shipped
+configuration (kustomize/base/config.yaml): list+watch, a cold cycle, then a cycle every
+checkPeriodSeconds for `--steady-minutes`. API requests are counted by a wrapper around the
+kubernetes ApiClient's `call_api` and cross-checked with kube-apiserver's `apiserver_request_total`.
+
+`--kubeflow` runs everything inside a network namespace made for the run (its own loopback, a
+resolv.conf of its own, dnsmasq answering every `*.svc.cluster.local` with 127.0.0.1, the endpoint
+server on port 80 too): both cullers then reach each notebook as `<name>.<ns>.svc.cluster.local`,
+as in a cluster. After kf-culler's phase, Kubeflow's notebook-controller (ENABLE_CULLING=true,
+IDLENESS_CHECK_PERIOD=1, CULL_IDLE_TIME large) runs on the same fleet for `--kubeflow-minutes`.
+
+Every phase is bounded in time; everything started (processes, netns, files) is removed on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections import Counter
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+
+from fleet_server import CROSS_NAMESPACE, FleetSpec, Member, cross_time, lookup, members  # noqa: E402
+
+WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE", "DELETECOLLECTION"}
+LAST_ACTIVITY = "notebooks.kubeflow.org/last-activity"
+CHECK_TIMESTAMP = "notebooks.kubeflow.org/last_activity_check_timestamp"
+RESOURCES = {"notebooks", "pods", "events", "leases"}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def proc_stats(pid: int) -> dict[str, float]:
+    """CPU seconds and peak/current RSS (MiB) of a process, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    kib = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(VmHWM|VmRSS):\s+(\d+) kB", status, re.M)}
+    return {"cpuSeconds": (int(fields[11]) + int(fields[12])) / tick,
+            "peakRssMiB": kib.get("VmHWM", 0) / 1024, "rssMiB": kib.get("VmRSS", 0) / 1024}
+
+
+# -- kube-apiserver's own request counts ---------------------------------------------------------------
+
+def apiserver_counts(server: str, ca: str, cert: str, key: str) -> Counter[str]:
+    """apiserver_request_total summed by "VERB resource[/subresource]" (resource requests only)."""
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.load_cert_chain(cert, key)
+    with urllib.request.urlopen(f"{server}/metrics", timeout=30, context=ctx) as resp:
+        text = resp.read().decode()
+    out: Counter[str] = Counter()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        if not labels.get("resource"):
+            continue
+        what = labels["resource"] + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        out[f"{labels.get('verb', '?')} {what}"] += int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def diff(after: Counter[str], before: Counter[str]) -> dict[str, int]:
+    return {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] - before.get(k, 0)}
+
+
+def writes_of(counts: dict[str, int], resource_prefix: str = "") -> int:
+    return sum(v for k, v in counts.items() if k.split(" ", 1)[0] in WRITE_VERBS
+               and k.split(" ", 1)[1].startswith(resource_prefix))
+
+
+# -- the fleet on the API server -------------------------------------------------------------------------
+
+def _phase(name: str) -> float:
+    return int.from_bytes(hashlib.blake2b(f"phase:{name}".encode(), digest_size=8).digest(), "big") / 2**64
+
+
+def _stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpec, concurrency: int = 48) -> None:
+    """Notebooks (with Kubeflow's culling annotations as its culler initialises them) and Running pods."""
+    import aiohttp
+
+    from kf_culler.testing.objects import notebook
+
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.load_cert_chain(cert, key)
+    limit = asyncio.Semaphore(concurrency)
+    now = _stamp(time.time())
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=concurrency)) as s:
+        async def call(method: str, path: str, body: Any, ctype: str = "application/json") -> None:
+            for attempt in range(5):
+                async with s.request(method, server + path, data=json.dumps(body),
+                                     headers={"Content-Type": ctype}) as r:
+                    if r.status < 300 or (r.status == 409 and method == "POST"):
+                        return
+                    text = await r.text()
+                    if r.status not in (429, 500, 503) or attempt == 4:
+                        raise RuntimeError(f"{method} {path}: HTTP {r.status}: {text[:300]}")
+                await asyncio.sleep(0.5 * (attempt + 1))
+
+        spaces = sorted({m.namespace for m in members(spec)})
+        await asyncio.gather(*(call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}}) for ns in spaces))
+
+        async def one(m: Member) -> None:
+            gpus = 1 if m.gpu else 0
+            # Steady state of a cluster where built-in culling ran once: last-activity written at some
+            # point of the last two hours (one write per lastActivityStepMinutes then lands evenly).
+            shown = _stamp(spec.t0 - 7200 * _phase(m.name))
+            body = notebook(m.name, "group-one" if m.kind == "codeserver" else "jupyter", gpus,
+                            {LAST_ACTIVITY: shown, CHECK_TIMESTAMP: now})
+            body["metadata"]["namespace"] = m.namespace
+            resources: dict[str, Any] = {"requests": {"cpu": "100m"}}
+            if gpus:
+                resources = {"requests": {"cpu": "100m", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+            pod = {"metadata": {"name": f"{m.name}-0", "namespace": m.namespace,
+                                "labels": {"notebook-name": m.name, "statefulset": m.name}},
+                   "spec": {"containers": [{"name": m.name, "image": "notebook:local", "resources": resources}]}}
+            status = {"status": {"phase": "Running", "startTime": _stamp(spec.pod_started),
+                                 "conditions": [{"type": "Ready", "status": "True"}]}}
+            async with limit:
+                await call("POST", f"/apis/kubeflow.org/v1/namespaces/{m.namespace}/notebooks", body)
+                await call("POST", f"/api/v1/namespaces/{m.namespace}/pods", pod)
+                await call("PATCH", f"/api/v1/namespaces/{m.namespace}/pods/{m.name}-0/status", status,
+                           "application/merge-patch+json")
+
+        await asyncio.gather(*(one(m) for m in members(spec)))
+
+
+# -- the culler child ----------------------------------------------------------------------------------
+
+class CountingApi:
+    """Counts every request the kubernetes ApiClient sends, by "METHOD resource" (watches included)."""
+
+    def __init__(self, api: Any) -> None:
+        self.counts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        original = api.call_api
+
+        def call_api(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            parsed = urllib.parse.urlsplit(url)
+            parts = [p for p in parsed.path.split("/") if p]
+            what = next((p for p in reversed(parts) if p in RESOURCES), "other")
+            verb = "WATCH" if "watch=true" in parsed.query.lower() else method
+            with self.lock:
+                self.counts[f"{verb} {what}"] += 1
+                if f"/namespaces/{CROSS_NAMESPACE}/" in parsed.path:
+                    self.counts[f"{verb} {what} ({CROSS_NAMESPACE})"] += 1
+            return original(method, url, *args, **kwargs)
+
+        api.call_api = call_api
+
+    def snapshot(self) -> Counter[str]:
+        with self.lock:
+            return Counter(self.counts)
+
+
+def run_child(params_path: str) -> int:
+    """The culler as the Deployment runs it: list+watch, a cold cycle, then one cycle per check period."""
+    params = json.loads(Path(params_path).read_text())
+    spec = FleetSpec(**params["spec"])
+    import yaml
+
+    from kf_culler.config import load_mapping
+    from kf_culler.cycle import NotebookResult
+    from kf_culler.runner import Runner, api_client
+
+    settings = load_mapping(yaml.safe_load(Path(params["config"]).read_text()), params["config"])
+    period = settings.operations.check_period_seconds
+    api = api_client(params["kubeconfig"])
+    counting = CountingApi(api)
+    per_class: Counter[str] = Counter()
+    stops: dict[str, float] = {}
+    cross: dict[str, float] = {}
+
+    def on_result(r: NotebookResult) -> None:
+        m = lookup(spec, r.namespace, r.name)
+        cls = m.cls if m else "other"
+        per_class[f"notebooks:{cls}"] += 1
+        per_class[f"state:{cls}:{r.verdict.state}"] += 1
+        if r.write is not None:
+            if r.write.outcome == "patched":
+                per_class[f"patches:{cls}"] += r.write.attempts
+            if r.write.event == "created":
+                per_class[f"events:{cls}"] += 1
+            if m is not None and m.crossing and r.verdict.action == "stop" and r.write.outcome == "patched":
+                stops[r.name] = time.time()
+
+    runner = Runner(settings, api, on_result=on_result)
+    cpu0, t0 = time.process_time(), time.monotonic()
+    runner.start_cache(timeout=float(params["syncTimeout"]))
+    sync = {"seconds": time.monotonic() - t0, "cpuSeconds": time.process_time() - cpu0,
+            "api": dict(counting.snapshot()), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0)}
+
+    def measured(label: str) -> dict[str, Any]:
+        api0, cls0, cpu0, w0 = counting.snapshot(), Counter(per_class), time.process_time(), time.monotonic()
+        result = runner.once()
+        out = {
+            "label": label, "wallSeconds": time.monotonic() - w0, "cycleSeconds": result.seconds,
+            "cpuSeconds": time.process_time() - cpu0, "api": diff(counting.snapshot(), api0),
+            "classes": diff(per_class, cls0), "prometheusQueries": result.bulk_queries,
+            "probes": sum(len(r.calls) for r in result.results),
+            "probeErrors": sum(1 for r in result.results for c in r.calls if c.error),
+            "notebooks": len(result.results), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0),
+            "load": loadavg(),
+        }
+        out["apiRequests"] = sum(v for k, v in out["api"].items() if "(" not in k)
+        out["apiWrites"] = writes_of({k: v for k, v in out["api"].items() if "(" not in k})
+        log(f"{label}: {out['wallSeconds']:.2f} s wall, {out['cpuSeconds']:.2f} s CPU, "
+            f"{out['apiRequests']} API requests ({out['apiWrites']} writes), {out['probes']} probes, "
+            f"{out['prometheusQueries']} Prometheus queries, RSS {out['rssMiB']:.0f} MiB, load {out['load']}")
+        return out
+
+    cycles: list[dict[str, Any]] = []
+    profile_text = None
+    start = time.monotonic()
+    cycles.append(measured("cold"))
+    # The crossing notebooks cross the idle limit during the steady window.
+    steady_seconds = float(params["steadyMinutes"]) * 60
+    cross0, span = time.time() + min(60.0, steady_seconds / 4), max(1.0, steady_seconds - 2.5 * period)
+    with urllib.request.urlopen(urllib.request.Request(
+            f"{params['control']}?cross0={cross0}&span={span}", method="POST"), timeout=10) as resp:
+        resp.read()
+    for m in members(spec):
+        if m.crossing:
+            cross[m.name] = cross_time(spec, m, cross0, span)
+    api_steady0, cls_steady0, cpu_steady0 = counting.snapshot(), Counter(per_class), time.process_time()
+    steady_start = time.monotonic()
+    deadline = steady_start + steady_seconds
+    k = 1
+    while True:
+        next_at = start + k * period
+        if next_at >= deadline:
+            break
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        if params.get("profile") and k == 2:
+            from pyinstrument import Profiler
+
+            profiler = Profiler(interval=0.002, async_mode="disabled")
+            profiler.start()
+            cycles.append(measured(f"steady {k} (profiled)"))
+            profiler.stop()
+            profile_text = profiler.output_text(unicode=False, color=False, show_all=False)
+            Path(params["profile"]).write_text(profile_text)
+        else:
+            cycles.append(measured(f"steady {k}"))
+        k += 1
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    window = time.monotonic() - steady_start
+    steady_api = diff(counting.snapshot(), api_steady0)
+    runner.cache.close() if runner.cache else None
+    latencies = {n: stops[n] - cross[n] for n in cross if n in stops}
+    out = {
+        "sync": sync, "cycles": cycles, "steadyWindowSeconds": window,
+        "steadyApi": steady_api, "steadyClasses": diff(per_class, cls_steady0),
+        "steadyCpuSeconds": time.process_time() - cpu_steady0,
+        "crossing": {"count": len(cross), "stopped": len(latencies),
+                     "latencies": sorted(latencies.values()), "notStopped": sorted(set(cross) - set(stops))},
+        "peakRssMiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "cpuSeconds": time.process_time(), "checkPeriodSeconds": period,
+    }
+    Path(params["out"]).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+# -- the benchmark ---------------------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.dir = Path(tempfile.mkdtemp(prefix="kfc-bench-"))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.cluster: Any = None
+        self.prom: Any = None
+        self.report: dict[str, Any] = {}
+
+    def close(self) -> None:
+        from kf_culler.testing import procs
+
+        for name in reversed(list(self.procs)):
+            procs.stop(self.procs[name], grace=5)
+        if self.prom is not None:
+            self.prom.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        from kf_culler.testing import procs
+
+        self.procs[name] = procs.start(cmd, self.dir / f"{name}.log", env=env)
+        return self.procs[name]
+
+    def tail(self, name: str) -> str:
+        from kf_culler.testing import procs
+
+        return procs.tail(self.dir / f"{name}.log")
+
+    # -- phases ----------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        from kf_culler.testing import procs
+        from kf_culler.testing.cluster import LocalCluster
+        from kf_culler.testing.prometheus import Prometheus, static_job
+
+        a = self.args
+        netns = bool(a.inside_netns)
+        spec = FleetSpec(notebooks=a.notebooks, crossing=a.crossing if a.crossing >= 0 else max(5, a.notebooks // 200),
+                         hang_share=a.hang_share, active_share=a.active_share, gpu_share=a.gpu_share,
+                         codeserver_share=a.codeserver_share, latency=a.latency_ms / 1000, t0=time.time())
+        spec = replace(spec, idle_minutes=float(self._base_config()["idleMinutes"]))
+        spec_path = self.dir / "spec.json"
+        spec.dump(spec_path)
+        self.report = {"machine": {"cpus": os.cpu_count(), "memGiB": round(os.sysconf("SC_PAGE_SIZE")
+                                   * os.sysconf("SC_PHYS_PAGES") / 2**30, 1), "loadAtStart": loadavg()},
+                       "spec": asdict(spec), "netns": netns}
+        classes = Counter(m.cls for m in members(spec))
+        self.report["fleet"] = {**classes, "gpu": sum(1 for m in members(spec) if m.gpu),
+                                "codeServer": sum(1 for m in members(spec) if m.kind == "codeserver")}
+        log(f"fleet: {dict(self.report['fleet'])}; load {loadavg()}")
+
+        if netns:
+            self.start("dnsmasq", ["dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--no-hosts",
+                                   "--no-resolv", "--listen-address=127.0.0.1", "--bind-interfaces", "--port=53",
+                                   "--address=/svc.cluster.local/127.0.0.1", "--user=root", "--pid-file",
+                                   "--cache-size=0"])
+            procs.wait_until(lambda: _resolves("nb-00000.bench-0.svc.cluster.local"), 15, 0.2,
+                             "dnsmasq to answer")
+        port = procs.free_port()
+        binds = [f"127.0.0.1:{port}"] + (["127.0.0.1:80"] if netns else [])
+        server = self.start("endpoints", [sys.executable, str(HERE / "fleet_server.py"), str(spec_path), *binds])
+        base = f"http://127.0.0.1:{port}"
+        procs.wait_until(lambda: _http_ok(f"{base}/stats") or server.poll() is not None, 30, 0.2, "the endpoints")
+        if server.poll() is not None:
+            raise RuntimeError(f"the endpoint server exited:\n{self.tail('endpoints')}")
+
+        t = time.monotonic()
+        self.cluster = LocalCluster(quiet=True)
+        self.cluster.start()
+        self.cluster.apply_notebook_crd()
+        c = self.cluster
+        tls = (str(c.ca.cert), str(c.admin.cert), str(c.admin.key))
+        log(f"API server up in {time.monotonic() - t:.1f} s; creating {spec.notebooks + spec.crossing} notebooks")
+        t = time.monotonic()
+        asyncio.run(create_fleet(c.server, *tls, spec))
+        self.report["setup"] = {"createSeconds": time.monotonic() - t, "objects": 3 * (spec.notebooks + spec.crossing)}
+        log(f"created in {self.report['setup']['createSeconds']:.1f} s; load {loadavg()}")
+
+        self.prom = Prometheus([static_job("dcgm-exporter", [f"127.0.0.1:{port}"])], scrape_interval="15s").start()
+        gpus = self.report["fleet"]["gpu"]
+        self.prom.wait_for('DCGM_FI_DEV_GPU_UTIL{pod!=""}', count=gpus, timeout=120)
+        prom0 = _prom_queries(self.prom.url)
+
+        config = self._base_config()
+        config["prometheus"] = {**(config.get("prometheus") or {}), "url": self.prom.url}
+        if not netns or a.ours_urls == "loopback":
+            config["urls"] = {"jupyter": f"{base}/notebook/{{namespace}}/{{name}}/",
+                              "codeServer": f"{base}/codeserver/{{namespace}}/{{name}}/"}
+        for item in a.set or []:
+            key, _, value = item.partition("=")
+            _set(config, key, json.loads(value))
+        import yaml
+
+        (self.dir / "config.yaml").write_text(yaml.safe_dump(config))
+        self.report["config"] = {k: config[k] for k in ("checkPeriodSeconds", "concurrency", "probe",
+                                                          "lastActivityStepMinutes", "idleMinutes", "urls")
+                                 if k in config}
+        self.report["config"]["urls"] = config.get("urls", "default (Service DNS, port 80)")
+        params = {"spec": asdict(spec), "config": str(self.dir / "config.yaml"), "kubeconfig": str(c.kubeconfig),
+                  "steadyMinutes": a.steady_minutes, "control": f"{base}/control", "out": str(self.dir / "ours.json"),
+                  "syncTimeout": 600, "profile": a.profile}
+        (self.dir / "params.json").write_text(json.dumps(params))
+        before = apiserver_counts(c.server, *tls)
+        srv0 = _get_json(f"{base}/stats")
+        log(f"kf-culler: cold cycle, then {a.steady_minutes:g} min of cycles; load {loadavg()}")
+        child = self.start("kf-culler", [sys.executable, str(Path(__file__).resolve()), "--culler-child",
+                                         str(self.dir / "params.json")])
+        limit = time.monotonic() + a.steady_minutes * 60 + 900
+        peak_child: dict[str, float] = {}
+        while child.poll() is None and time.monotonic() < limit:
+            peak_child = proc_stats(child.pid) or peak_child
+            time.sleep(1.0)
+        if child.poll() is None:
+            raise RuntimeError("the kf-culler child did not finish in time:\n" + self.tail("kf-culler"))
+        if child.returncode != 0:
+            raise RuntimeError(f"the kf-culler child failed:\n{self.tail('kf-culler')}")
+        ours = json.loads((self.dir / "ours.json").read_text())
+        ours["apiserver"] = diff(apiserver_counts(c.server, *tls), before)
+        ours["prometheusServed"] = _prom_queries(self.prom.url) - prom0
+        srv1 = _get_json(f"{base}/stats")
+        ours["endpointServer"] = {"cpuSeconds": srv1["cpuSeconds"] - srv0["cpuSeconds"],
+                                  "requests": {k: v - srv0["counts"].get(k, 0) for k, v in srv1["counts"].items()}}
+        self.report["ours"] = ours
+        if a.profile:
+            self.report["profile"] = a.profile
+
+        if a.kubeflow:
+            self.report["kubeflow"] = self.kubeflow(spec, base, tls)
+        self.report["machine"]["loadAtEnd"] = loadavg()
+        return self.report
+
+    def _base_config(self) -> dict[str, Any]:
+        import yaml
+
+        data: dict[str, Any] = yaml.safe_load((ROOT / "kustomize" / "base" / "config.yaml").read_text())
+        return data
+
+    def kubeflow(self, spec: FleetSpec, base: str, tls: tuple[str, str, str]) -> dict[str, Any]:
+        """Kubeflow's notebook-controller with built-in culling on, on the same fleet, for a bounded window."""
+        from kf_culler.testing import procs
+        from kf_culler.testing.cluster import NotebookControllerUnavailable, notebook_controller_binary
+
+        a = self.args
+        c = self.cluster
+        try:
+            binary = Path(a.notebook_controller) if a.notebook_controller else notebook_controller_binary(build=False)
+        except NotebookControllerUnavailable as err:
+            log(f"Kubeflow's notebook-controller is not available: {err}")
+            return {"unavailable": str(err)}
+        metrics_port, probe_port = procs.free_port(), procs.free_port()
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.dir),
+               "KUBECONFIG": str(c.kubeconfig), "ENABLE_CULLING": "true", "IDLENESS_CHECK_PERIOD": "1",
+               "CULL_IDLE_TIME": str(a.kubeflow_cull_idle_time), "CLUSTER_DOMAIN": "cluster.local",
+               "USE_ISTIO": "false"}
+        before = apiserver_counts(c.server, *tls)
+        srv0 = _get_json(f"{base}/stats")
+        log(f"Kubeflow's notebook-controller ({binary}) for {a.kubeflow_minutes:g} min; load {loadavg()}")
+        t0 = time.monotonic()
+        ctl = self.start("notebook-controller", [
+            str(binary), "--kubeconfig", str(c.kubeconfig), "--metrics-addr", f"127.0.0.1:{metrics_port}",
+            "--probe-addr", f"127.0.0.1:{probe_port}", "--enable-leader-election=false"], env=env)
+        samples: list[dict[str, Any]] = []
+        deadline = t0 + a.kubeflow_minutes * 60
+        while time.monotonic() < deadline:
+            if ctl.poll() is not None:
+                raise RuntimeError(f"the notebook-controller exited {ctl.returncode}:\n"
+                                   + self.tail("notebook-controller"))
+            time.sleep(min(15.0, max(0.0, deadline - time.monotonic())))
+            st = _get_json(f"{base}/stats")
+            api = diff(apiserver_counts(c.server, *tls), before)
+            samples.append({"t": time.monotonic() - t0, "goKernels": st["counts"].get("go:kernels", 0)
+                            - srv0["counts"].get("go:kernels", 0), "goDistinct": st["goDistinct"],
+                            "goAllAt": st["goAllAt"], "goFirst": st["goFirst"], "wallTime": st["time"],
+                            "notebookUpdates": api.get("PUT notebooks", 0) + api.get("UPDATE notebooks", 0),
+                            "writes": writes_of(api), "requests": sum(api.values()), **proc_stats(ctl.pid)})
+            s = samples[-1]
+            log(f"  t={s['t']:.0f}s probes={s['goKernels']} distinct={s['goDistinct']} "
+                f"notebook updates={s['notebookUpdates']} writes={s['writes']} requests={s['requests']} "
+                f"rss={s.get('rssMiB', 0):.0f}MiB cpu={s.get('cpuSeconds', 0):.1f}s load {loadavg()}")
+        api = diff(apiserver_counts(c.server, *tls), before)
+        last = samples[-1]
+        stats = proc_stats(ctl.pid)
+        procs.stop(ctl, grace=5)
+        # Steady rates from the second half of the window (after the controller's start-up burst).
+        half = next((s for s in samples if s["t"] >= last["t"] / 2), samples[0])
+        dt = last["t"] - half["t"] or 1.0
+        probe_rate = (last["goKernels"] - half["goKernels"]) / dt
+        update_rate = (last["notebookUpdates"] - half["notebookUpdates"]) / dt
+        write_rate = (last["writes"] - half["writes"]) / dt
+        request_rate = (last["requests"] - half["requests"]) / dt
+        pass_seconds = (last["goAllAt"] - last["goFirst"]) if last["goAllAt"] else None
+        est_pass = spec.notebooks / probe_rate if probe_rate else None
+        return {
+            "binary": str(binary), "windowSeconds": last["t"], "samples": samples, "apiserver": api,
+            "probes": last["goKernels"], "distinctProbed": last["goDistinct"],
+            "passSeconds": pass_seconds, "passSecondsFromRate": est_pass,
+            "probesPerSecond": probe_rate, "notebookUpdatesPerSecond": update_rate,
+            "writesPerSecond": write_rate, "requestsPerSecond": request_rate,
+            "notebookUpdatesPerNotebookHour": update_rate * 3600 / spec.notebooks,
+            "writesPerNotebookHour": write_rate * 3600 / spec.notebooks,
+            "peakRssMiB": stats.get("peakRssMiB"), "cpuSeconds": stats.get("cpuSeconds"),
+        }
+
+
+def _set(config: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        config = config.setdefault(k, {})
+    config[keys[-1]] = value
+
+
+def _resolves(host: str) -> bool:
+    try:
+        return any(a[4][0] == "127.0.0.1" for a in socket.getaddrinfo(host, 80, socket.AF_INET))
+    except OSError:
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _prom_queries(url: str) -> int:
+    """Queries Prometheus has answered (instant and range), from its own /metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    total = 0
+    for line in text.splitlines():
+        if line.startswith("prometheus_http_requests_total{") and re.search(r'handler="/api/v1/query(_range)?"', line):
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+# -- the report ------------------------------------------------------------------------------------------
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    ours = report["ours"]
+    n = report["spec"]["notebooks"]
+    cycles = ours["cycles"]
+    steady = [c for c in cycles[1:] if "profiled" not in c["label"]]
+    hours = ours["steadyWindowSeconds"] / 3600
+    main_api = {k: v for k, v in ours["steadyApi"].items() if "(" not in k}
+    cross_api = {k.split(" (")[0]: v for k, v in ours["steadyApi"].items() if "(" in k}
+    fleet_writes = writes_of(main_api) - writes_of(cross_api)
+    cls = ours["steadyClasses"]
+    per_class = {}
+    for name in ("idle", "active", "hang"):
+        count = report["fleet"].get(name, 0)
+        w = cls.get(f"patches:{name}", 0) + cls.get(f"events:{name}", 0)
+        per_class[name] = w / (count * hours) if count and hours else 0.0
+    lat = ours["crossing"]["latencies"]
+    s: dict[str, Any] = {
+        "notebooks": n, "coldCycleSeconds": cycles[0]["wallSeconds"],
+        "steadyCycleSecondsMedian": statistics.median(c["wallSeconds"] for c in steady) if steady else None,
+        "steadyCycleSecondsMax": max(c["wallSeconds"] for c in steady) if steady else None,
+        "coldApiRequests": cycles[0]["apiRequests"], "coldApiWrites": cycles[0]["apiWrites"],
+        "steadyApiRequestsPerCycle": statistics.mean(c["apiRequests"] for c in steady) if steady else None,
+        "steadyApiWritesPerCycle": statistics.mean(c["apiWrites"] for c in steady) if steady else None,
+        "steadyWritesPerNotebookHour": fleet_writes / (n * hours) if hours else None,
+        "steadyRequestsPerNotebookHour": (sum(main_api.values()) - sum(cross_api.values())) / (n * hours)
+        if hours else None,
+        "writesPerNotebookHourByClass": per_class,
+        "prometheusQueriesPerCycle": max(c["prometheusQueries"] for c in cycles),
+        "probesPerCycle": cycles[0]["probes"],
+        "peakRssMiB": ours["peakRssMiB"], "cpuSecondsCold": cycles[0]["cpuSeconds"],
+        "cpuSecondsSteadyMedian": statistics.median(c["cpuSeconds"] for c in steady) if steady else None,
+        "syncSeconds": ours["sync"]["seconds"],
+        "crossingToStopSecondsMax": max(lat) if lat else None,
+        "crossingToStopSecondsMedian": statistics.median(lat) if lat else None,
+        "crossingStopped": f"{ours['crossing']['stopped']}/{ours['crossing']['count']}",
+        "checkPeriodSeconds": ours["checkPeriodSeconds"],
+    }
+    kf = report.get("kubeflow")
+    if kf and "unavailable" not in kf:
+        s["kubeflow"] = {k: kf[k] for k in ("passSeconds", "passSecondsFromRate", "probesPerSecond",
+                                           "notebookUpdatesPerNotebookHour", "writesPerNotebookHour",
+                                           "requestsPerSecond", "peakRssMiB", "cpuSeconds", "windowSeconds",
+                                           "probes", "distinctProbed")}
+    return s
+
+
+def in_netns(argv: list[str]) -> int:
+    """Re-run this benchmark inside a network namespace made for it; remove the namespace afterwards."""
+    name = f"kfcbench{os.getpid()}"
+    etc = Path("/etc/netns") / name
+    child: subprocess.Popen[bytes] | None = None
+    try:
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:2 attempts:2\n")
+        child = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, str(Path(__file__).resolve()),
+                                  *argv, "--inside-netns"])
+        return child.wait()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(60)
+        # Whatever is still running in the namespace was started by this run.
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", name], check=False)
+        shutil.rmtree(etc, ignore_errors=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--notebooks", type=int, default=1000)
+    p.add_argument("--crossing", type=int, default=-1, help="notebooks that cross the idle limit (default N/200)")
+    p.add_argument("--latency-ms", type=float, default=50.0)
+    p.add_argument("--hang-share", type=float, default=0.05)
+    p.add_argument("--active-share", type=float, default=0.25)
+    p.add_argument("--gpu-share", type=float, default=0.20)
+    p.add_argument("--codeserver-share", type=float, default=0.20)
+    p.add_argument("--steady-minutes", type=float, default=10.0)
+    p.add_argument("--set", action="append", metavar="KEY=JSON",
+                   help="override a config key of kustomize/base/config.yaml, e.g. concurrency=256")
+    p.add_argument("--ours-urls", choices=("dns", "loopback"), default="dns",
+                   help="inside the netns: probe through Service DNS names (default) or loopback templates")
+    p.add_argument("--kubeflow", action="store_true", help="also run Kubeflow's notebook-controller (root; a netns)")
+    p.add_argument("--kubeflow-minutes", type=float, default=10.0)
+    p.add_argument("--kubeflow-cull-idle-time", type=int, default=100000)
+    p.add_argument("--notebook-controller", help="the notebook-controller binary (default: the build cache)")
+    p.add_argument("--profile", help="profile one steady cycle with pyinstrument into this text file")
+    p.add_argument("--json", help="write the full report here")
+    p.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--culler-child", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.culler_child:
+        return run_child(a.culler_child)
+    if a.kubeflow and not a.inside_netns:
+        if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("dnsmasq"):
+            print("--kubeflow needs root, iproute2 and dnsmasq (apt-get install -y iproute2 dnsmasq-base)",
+                  file=sys.stderr)
+            return 2
+        return in_netns(sys.argv[1:])
+    bench = Bench(a)
+    interrupted = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        report = bench.run()
+    finally:
+        bench.close()
+    report["summary"] = summarize(report)
+    text = json.dumps(report, indent=1)
+    if a.json:
+        Path(a.json).write_text(text)
+    print(json.dumps(report["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""The benchmark's fleet, and the one HTTP server that answers for every notebook in it.
+
+    python bench/fleet_server.py SPEC.json HOST:PORT [HOST:PORT ...]
+
+Which notebook is which is a pure function of the spec and the notebook's name (stable hashes), so
+the benchmark, the culler child and this server agree without sharing state. The server (aiohttp, one
+process of its own so its CPU is not the culler's) answers:
+
+- `GET /notebook/<ns>/<name>/api/status|kernels|terminals` (Jupyter, base_url as Kubeflow sets it);
+- `GET /healthz` with `Host: <name>.<ns>.svc.<domain>` (code-server at the root of its Service), and
+  `GET /codeserver/<ns>/<name>/healthz` for a URL template on loopback;
+- `GET /metrics`: dcgm-exporter's text for the GPU pods (a stand-in exporter for Prometheus to scrape);
+- `POST /control?cross0=<epoch>&span=<s>`: when the crossing notebooks cross the idle limit;
+- `GET /stats`: request counts by client (kf-culler, Go's http client) and path.
+
+Every answer waits `latency` seconds first; a hanging notebook's answer waits `hangSeconds` (longer
+than any probe timeout), so its client gives up first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+CROSS_NAMESPACE = "bench-cross"
+BUSY_GPU = (85.0, 6000.0)  # utilisation %, memory MiB of a working GPU
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    notebooks: int
+    crossing: int = 0
+    hang_share: float = 0.05
+    active_share: float = 0.25
+    gpu_share: float = 0.20
+    codeserver_share: float = 0.20
+    latency: float = 0.05
+    hang_seconds: float = 60.0
+    idle_minutes: float = 120.0
+    t0: float = 0.0  # epoch seconds: pods started 2 h before, idle notebooks idle since 20 min before
+
+    @classmethod
+    def load(cls, path: str | Path) -> FleetSpec:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self)))
+
+    @property
+    def namespaces(self) -> int:
+        return max(1, self.notebooks // 100)
+
+    @property
+    def pod_started(self) -> float:
+        return self.t0 - 7200.0
+
+    @property
+    def idle_since(self) -> float:
+        return self.t0 - 1200.0
+
+
+@dataclass(frozen=True)
+class Member:
+    index: int
+    namespace: str
+    name: str
+    kind: str  # "jupyter" | "codeserver"
+    gpu: bool
+    hang: bool
+    active: bool
+    crossing: bool
+
+    @property
+    def cls(self) -> str:
+        if self.crossing:
+            return "crossing"
+        return "hang" if self.hang else "active" if self.active else "idle"
+
+
+def _frac(name: str, salt: str) -> float:
+    return int.from_bytes(hashlib.blake2b(f"{salt}:{name}".encode(), digest_size=8).digest(), "big") / 2**64
+
+
+def member(spec: FleetSpec, index: int) -> Member:
+    """The index-th notebook: the first `notebooks` in bench-<k>, then the crossing ones."""
+    if index >= spec.notebooks:
+        j = index - spec.notebooks
+        return Member(index, CROSS_NAMESPACE, f"cx-{j:04d}", "jupyter", False, False, False, True)
+    name = f"nb-{index:05d}"
+    hang = _frac(name, "hang") < spec.hang_share
+    return Member(index, f"bench-{index % spec.namespaces}", name,
+                  "codeserver" if _frac(name, "kind") < spec.codeserver_share else "jupyter",
+                  _frac(name, "gpu") < spec.gpu_share, hang,
+                  not hang and _frac(name, "active") < spec.active_share, False)
+
+
+def members(spec: FleetSpec) -> Iterator[Member]:
+    for i in range(spec.notebooks + spec.crossing):
+        yield member(spec, i)
+
+
+def lookup(spec: FleetSpec, namespace: str, name: str) -> Member | None:
+    try:
+        if namespace == CROSS_NAMESPACE and name.startswith("cx-"):
+            index = spec.notebooks + int(name[3:])
+        elif name.startswith("nb-"):
+            index = int(name[3:])
+        else:
+            return None
+    except ValueError:
+        return None
+    if not 0 <= index < spec.notebooks + spec.crossing:
+        return None
+    m = member(spec, index)
+    return m if m.namespace == namespace else None
+
+
+def cross_time(spec: FleetSpec, m: Member, cross0: float, span: float) -> float:
+    """When crossing notebook m crosses the idle limit (spread evenly over [cross0, cross0 + span])."""
+    j = m.index - spec.notebooks
+    return cross0 + (j + 0.5) / max(1, spec.crossing) * span
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def dcgm_text(spec: FleetSpec) -> str:
+    from kf_culler.testing.prometheus import FakeGpu, dcgm_exposition
+
+    gpus = []
+    for m in members(spec):
+        if m.gpu:
+            util, mem = BUSY_GPU if m.active else (0.0, 0.0)
+            gpus.append(FakeGpu(index=len(gpus) % 8, uuid=f"GPU-{m.index:08d}", util=util, used_mib=mem,
+                                engine_active=util / 100.0, namespace=m.namespace, pod=f"{m.name}-0",
+                                container=m.name, hostname=f"gpu-node-{len(gpus) // 8}"))
+    return dcgm_exposition(gpus)
+
+
+# -- the server --------------------------------------------------------------------------------------
+
+class FleetServer:
+    def __init__(self, spec: FleetSpec) -> None:
+        self.spec = spec
+        self.metrics = dcgm_text(spec).encode()
+        self.cross0: float | None = None
+        self.span = 0.0
+        self.counts: Counter[str] = Counter()
+        self.go_probed: dict[tuple[str, str], int] = {}
+        self.go_first = 0.0
+        self.go_all_at: float | None = None
+        self.in_flight = 0
+
+    def last_activity(self, m: Member, now: float) -> float:
+        if m.active:
+            return now
+        if m.crossing and self.cross0 is not None:
+            return cross_time(self.spec, m, self.cross0, self.span) - self.spec.idle_minutes * 60
+        return self.spec.idle_since
+
+    async def _wait(self, m: Member) -> None:
+        self.in_flight += 1
+        try:
+            await asyncio.sleep(self.spec.hang_seconds if m.hang else self.spec.latency)
+        finally:
+            self.in_flight -= 1
+
+    def _count(self, agent: str, what: str) -> str:
+        who = "kf-culler" if agent.startswith("kf-culler") else "go" if agent.startswith("Go-http") else "other"
+        self.counts[f"{who}:{what}"] += 1
+        return who
+
+    async def jupyter(self, request: Any) -> Any:
+        from aiohttp import web
+
+        ns, name, what = request.match_info["ns"], request.match_info["name"], request.match_info["what"]
+        who = self._count(request.headers.get("User-Agent", ""), what)
+        m = lookup(self.spec, ns, name)
+        if m is None:
+            return web.Response(status=404, text="no such notebook")
+        if who == "go" and what == "kernels" and not m.crossing:
+            now = time.time()
+            if not self.go_probed:
+                self.go_first = now
+            self.go_probed[(ns, name)] = self.go_probed.get((ns, name), 0) + 1
+            if self.go_all_at is None and len(self.go_probed) >= self.spec.notebooks:
+                self.go_all_at = now
+        await self._wait(m)
+        if m.kind != "jupyter":
+            return web.Response(status=404, text="not found")  # code-server has no Jupyter API
+        now = time.time()
+        la = iso(self.last_activity(m, now))
+        body: Any
+        if what == "status":
+            body = {"started": iso(self.spec.pod_started), "last_activity": la, "connections": 0, "kernels": 1}
+        elif what == "kernels":
+            body = [{"id": f"k-{m.index}", "name": "python3", "last_activity": la,
+                     "execution_state": "busy" if m.active else "idle", "connections": 0}]
+        elif what == "terminals":
+            body = []
+        else:
+            return web.Response(status=404, text="not found")
+        return web.Response(body=json.dumps(body).encode(), content_type="application/json")
+
+    async def _healthz(self, request: Any, ns: str, name: str) -> Any:
+        from aiohttp import web
+
+        self._count(request.headers.get("User-Agent", ""), "healthz")
+        m = lookup(self.spec, ns, name)
+        if m is None:
+            return web.Response(status=404, text="no such notebook")
+        await self._wait(m)
+        if m.kind != "codeserver":
+            return web.Response(status=404, text="not found")
+        now = time.time()
+        body = {"status": "alive" if m.active else "expired",
+                "lastHeartbeat": int(self.last_activity(m, now) * 1000)}
+        return web.Response(body=json.dumps(body).encode(), content_type="application/json")
+
+    async def healthz_by_host(self, request: Any) -> Any:
+        from aiohttp import web
+
+        labels = (request.host or "").split(":")[0].split(".")
+        if len(labels) < 3 or labels[2] != "svc":
+            return web.Response(status=404, text="unknown host")
+        return await self._healthz(request, labels[1], labels[0])
+
+    async def healthz_by_path(self, request: Any) -> Any:
+        return await self._healthz(request, request.match_info["ns"], request.match_info["name"])
+
+    async def dcgm(self, request: Any) -> Any:
+        from aiohttp import web
+
+        self.counts["metrics"] += 1
+        return web.Response(body=self.metrics, content_type="text/plain")
+
+    async def control(self, request: Any) -> Any:
+        from aiohttp import web
+
+        self.cross0 = float(request.query["cross0"])
+        self.span = float(request.query["span"])
+        return web.json_response({"cross0": self.cross0, "span": self.span})
+
+    async def stats(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({
+            "counts": dict(self.counts), "inFlight": self.in_flight,
+            "goDistinct": len(self.go_probed), "goFirst": self.go_first, "goAllAt": self.go_all_at,
+            "goRepeats": sum(v - 1 for v in self.go_probed.values()),
+            "time": time.time(), "cpuSeconds": time.process_time(),
+        })
+
+    async def serve(self, binds: list[tuple[str, int]]) -> None:
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_get("/notebook/{ns}/{name}/api/{what}", self.jupyter)
+        app.router.add_get("/codeserver/{ns}/{name}/healthz", self.healthz_by_path)
+        app.router.add_get("/healthz", self.healthz_by_host)
+        app.router.add_get("/metrics", self.dcgm)
+        app.router.add_post("/control", self.control)
+        app.router.add_get("/stats", self.stats)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        for host, port in binds:
+            await web.TCPSite(runner, host, port, backlog=4096).start()
+        print("ready", flush=True)
+        try:
+            await asyncio.Event().wait()  # until the benchmark stops this process
+        finally:
+            await runner.cleanup()
+
+
+def main(argv: list[str]) -> int:
+    spec = FleetSpec.load(argv[0])
+    binds = [(b.rsplit(":", 1)[0], int(b.rsplit(":", 1)[1])) for b in argv[1:]]
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(FleetServer(spec).serve(binds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
