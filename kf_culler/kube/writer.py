@@ -16,6 +16,8 @@ from kf_culler.timeutil import format_time
 
 log = logging.getLogger(__name__)
 MAX_CONFLICT_RETRIES = 5
+# (connect, read) seconds for each write: an API server that hangs costs a failed write, not a stuck pass.
+REQUEST_TIMEOUT = (5.0, 30.0)
 
 
 @dataclass
@@ -60,7 +62,8 @@ class Writer:
             try:
                 if todo.annotations:
                     current = self.custom.patch_namespaced_custom_object(
-                        GROUP, VERSION, ns, PLURAL, name, body, _content_type="application/merge-patch+json")
+                        GROUP, VERSION, ns, PLURAL, name, body, _content_type="application/merge-patch+json",
+                        _request_timeout=REQUEST_TIMEOUT)
                     self.patches += 1
                 result.outcome, result.notebook, result.plan = "patched", current, todo
                 break
@@ -76,13 +79,18 @@ class Writer:
                     result.outcome = "conflict-exhausted"
                     return result
                 try:
-                    current = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+                    current = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
+                                                                       _request_timeout=REQUEST_TIMEOUT)
                 except ApiException as gone:
                     result.outcome = "gone" if gone.status == 404 else "failed"
                     result.error = None if gone.status == 404 else f"HTTP {gone.status}: {gone.reason}"
                     return result
+                except Exception as err:  # the API server unreachable: this write fails, the pass goes on
+                    return _unreachable(result, ns, name, err)
                 todo = replan(current)
                 result.plan = todo
+            except Exception as err:  # connection refused/reset, timeout, TLS: never raise into the pass
+                return _unreachable(result, ns, name, err)
         if result.plan is not None and result.plan.event is not None and result.outcome in ("patched", "unchanged"):
             result.event = self.event(current, result.plan.event, now)
         return result
@@ -105,7 +113,7 @@ class Writer:
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "action": spec.reason,
         }
         try:
-            self.core.create_namespaced_event(ns, body)
+            self.core.create_namespaced_event(ns, body, _request_timeout=REQUEST_TIMEOUT)
             self.events += 1
             return "created"
         except ApiException as err:
@@ -115,3 +123,9 @@ class Writer:
             log.warning("event for %s/%s failed: %s", ns, meta.get("name"), err)
             return f"failed: {type(err).__name__}"
 
+
+def _unreachable(result: WriteResult, ns: str, name: str, err: Exception) -> WriteResult:
+    result.outcome = "failed"
+    result.error = f"{type(err).__name__}: {err}"[:300]
+    log.warning("write to %s/%s failed: %s", ns, name, result.error)
+    return result
