@@ -62,12 +62,14 @@ class _Collection:
         backoff = 0.5
         rv = ""
         while not self.stop.is_set():
+            progressed = False  # whether this watch delivered anything before it ended or broke
             try:
                 if not rv:
                     rv = self._list()
                 w = watch.Watch()
                 for event in w.stream(self.lister, resource_version=rv, timeout_seconds=self.watch_timeout,
                                       allow_watch_bookmarks=True, deserialize=False, **self._kwargs()):
+                    progressed = True
                     if self.stop.is_set():
                         w.stop()
                         break
@@ -100,7 +102,13 @@ class _Collection:
                 if self.stop.is_set():
                     return
                 self.errors += 1
-                log.warning("watch %s broke (%s); resuming", self.name, type(err).__name__)
+                if not progressed:
+                    # A watch that fails before delivering anything is not worth resuming from the same
+                    # resourceVersion: after an API server restart it is often too old (410), and with
+                    # deserialize=False the client reports that ERROR event as a KeyError, not a 410.
+                    rv = ""
+                log.warning("watch %s broke (%s); %s", self.name, type(err).__name__,
+                            "resuming" if rv else "listing again")
                 self.stop.wait(backoff)
                 backoff = min(backoff * 2, 10)
 
