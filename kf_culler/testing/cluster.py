@@ -18,12 +18,15 @@ Binaries come from the build cache (hack/controlplane/build.sh); they are built 
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -398,6 +401,30 @@ class LocalCluster:
         ], env=run_env)
         self._wait_http("notebook-controller", f"http://127.0.0.1:{probe_port}/readyz", timeout=timeout)
         return self.procs["notebook-controller"]
+
+    def stop_apiserver(self, kill: bool = True) -> None:
+        """Take kube-apiserver down (SIGKILL, as a crash, or SIGTERM); etcd and the rest keep running."""
+        proc = self.procs["kube-apiserver"]
+        if kill:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        else:
+            procs.stop(proc)
+
+    def start_apiserver(self, timeout: float = 120) -> None:
+        """Start kube-apiserver again with its first command line: same port, certificates and etcd."""
+        proc = self.procs["kube-apiserver"]
+        if proc.poll() is None:
+            return
+        self._launch("kube-apiserver", [str(a) for a in proc.args])  # type: ignore[union-attr]
+        self._wait_http("kube-apiserver", f"{self.server}/readyz", timeout=timeout, tls=True)
+
+    def restart_apiserver(self, down_seconds: float = 0.0, kill: bool = True) -> None:
+        """Stop kube-apiserver, leave it down for `down_seconds`, and start it again on the same port."""
+        self.stop_apiserver(kill)
+        time.sleep(down_seconds)
+        self.start_apiserver()
 
     def stop(self) -> None:
         for name in reversed(list(self.procs)):
