@@ -249,3 +249,24 @@ def test_rule_names_and_parameters(config: Path) -> None:
         make_rules(None, ["gpu-only:soon"])
     with pytest.raises(ConfigError, match="cannot read"):
         make_rules(str(config.parent / "missing.yaml"), [])
+
+
+def test_each_policy_gets_the_gpu_look_back_its_culler_would_query(tmp_path: Path) -> None:
+    """Records carry one GPU sample each; the culler queries its idle limit + 10 min, and so does the
+    replay, from the samples of earlier records. A job runs until 200 (GPU at 90 %), then nothing."""
+    path = tmp_path / "job.jsonl"
+    with open_text(path, "w") as out:
+        w = TraceWriter(out, TraceHeader(start=T0, check_period_seconds=PERIOD * 60, synthetic=True))
+        for t in range(0, END, PERIOD):
+            working = t < 200
+            o = {"jupyter": jupyter(0, 0, [], terminal=0), "gpu": gpu(t, 90 if working else 0,
+                                                                      20000 if working else 0)}
+            w.write(at(t), notebook("job"), pod("job"), o, "working" if working else "absent")
+    p60, p120 = tmp_path / "p60.yaml", tmp_path / "p120.yaml"
+    p60.write_text("idleMinutes: 60\nwarnMinutes: 10\n")
+    p120.write_text("idleMinutes: 120\nwarnMinutes: 10\n")
+    r = replay(path, make_rules(str(p60), [str(p120), "gpu-only"]))
+    # the last GPU work (190) stays in the 70 / 130 min windows: stopped 60 / 120 min after it,
+    # not at once on the terminal's activity at 0
+    assert [[s.time for s in stops] for stops in r.stops] == [[at(250)], [at(310)], [at(250)]]
+    assert r.total(0).warnings == 1 and r.total(0).interruptions == 0

@@ -34,6 +34,11 @@ class Rule(Protocol):
     @property
     def idle_minutes(self) -> float: ...
 
+    @property
+    def gpu_lookback_minutes(self) -> float:
+        """How many minutes of GPU samples the rule is given (0: the record's own, as they are)."""
+        ...
+
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
               observations: dict[str, Any], now: datetime, started: datetime) -> Check:
         """The verdict for one notebook whose pod runs since `started`. `memo` is this rule's state for
@@ -53,6 +58,14 @@ class PolicyRule:
     @property
     def idle_minutes(self) -> float:
         return self.settings.policy.idle_minutes
+
+    @property
+    def gpu_lookback_minutes(self) -> float:
+        """The culler's GPU query: prometheus.lookbackMinutes, widened to cover its longest limit."""
+        from kf_culler.runner import gpu_window_minutes
+
+        return max(self.settings.operations.prometheus.lookback_minutes,
+                   min(gpu_window_minutes(self.settings), 24 * 60))
 
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
               observations: dict[str, Any], now: datetime, started: datetime) -> Check:
@@ -89,6 +102,7 @@ class KubeflowKernelRule:
 
     idle_minutes: float = 1440
     name: str = "kubeflow-kernel"
+    gpu_lookback_minutes: float = 0  # reads no GPU
 
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
               observations: dict[str, Any], now: datetime, started: datetime) -> Check:
@@ -133,6 +147,10 @@ class GpuOnlyRule:
     util_percent: float = 5
     name: str = "gpu-only"
     resources: tuple[str, ...] = ("nvidia.com/gpu",)
+
+    @property
+    def gpu_lookback_minutes(self) -> float:
+        return self.idle_minutes + 10
 
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
               observations: dict[str, Any], now: datetime, started: datetime) -> Check:

@@ -5,18 +5,20 @@ The trace says what every notebook looked like while it ran; the replay overlays
 - a `stop` verdict stops the notebook from that check on: it holds no GPU and is not evaluated;
 - a stopped notebook is started again the first time the trace's ground truth is `working` (the user is
   back, or a job would be running; a stop made while `working` is restarted at once): its pod runs again
-  `restart_delay` later, with a new start time (so the startup grace applies again) and without the GPU
-  samples of the time before the restart;
+  `restart_delay` later, with a new start time (so the startup grace applies again);
 - if the trace itself shows a newer pod (the user started it in the recorded world), that pod is used;
 - a notebook whose trace pod is not running, or that carries `kubeflow-resource-stopped`, is not
   evaluated (decide keeps such notebooks by rules 1 and 3) and holds no GPU.
 
 A record's situation lasts until that notebook's next record (the last one for one check period).
+Each rule is given the GPU samples its culler would have queried: the look-back it needs, from the
+samples of this and earlier records, never from before the pod started.
 Rules are run side by side on one pass over the trace.
 """
 
 from __future__ import annotations
 
+import bisect
 import time as wallclock
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -131,8 +133,8 @@ class ReplayResult:
 class _Run:
     """One rule's view of one notebook."""
 
-    __slots__ = ("last_action", "last_check", "memo", "obs_clean", "pod_cache", "restart_at", "running",
-                 "start_override", "stopped_at", "stops", "tally", "work_run_hit")
+    __slots__ = ("last_action", "last_check", "memo", "pod_cache", "restart_at", "running", "start_override",
+                 "stopped_at", "stops", "tally", "work_run_hit")
 
     def __init__(self) -> None:
         self.memo: dict[str, Any] = {}
@@ -140,7 +142,6 @@ class _Run:
         self.stopped_at: datetime | None = None
         self.restart_at: datetime | None = None
         self.start_override: datetime | None = None
-        self.obs_clean = True
         self.pod_cache: tuple[object, datetime | None, dict[str, Any] | None] = (None, None, None)
         self.stops: list[Stop] = []
         self.last_check: datetime | None = None
@@ -150,8 +151,8 @@ class _Run:
 
 
 class _Nb:
-    __slots__ = ("absent_start", "idle_start", "nb_obj", "pod_obj", "prev_time", "prev_truth", "prev_world",
-                 "runs", "totals", "work_run", "world_running", "world_start")
+    __slots__ = ("absent_start", "gpu", "idle_start", "nb_obj", "pod_obj", "prev_time", "prev_truth",
+                 "prev_world", "runs", "totals", "work_run", "world_running", "world_start")
 
     def __init__(self, rec: Record, rules: int) -> None:
         labels = (rec.notebook.get("metadata") or {}).get("labels") or {}
@@ -168,6 +169,7 @@ class _Nb:
         self.absent_start: datetime | None = None
         self.idle_start: datetime | None = None
         self.work_run = 0
+        self.gpu = GpuHistory()
 
 
 def _pod_start(pod: dict[str, Any] | None) -> datetime | None:
@@ -183,23 +185,55 @@ def _with_start(pod: dict[str, Any], start: datetime) -> dict[str, Any]:
     return {**pod, "status": status}
 
 
-def _without_old_samples(obs: dict[str, Any], since: datetime) -> tuple[dict[str, Any], bool]:
-    """Observations without GPU samples from before `since` (the pod did not exist then).
+class GpuHistory:
+    """The GPU samples of one notebook seen so far, so each rule gets the look-back its culler would query.
 
-    Returns (observations, clean): clean when nothing had to be dropped."""
-    gpu = obs.get("gpu")
-    samples = gpu.get("samples") if isinstance(gpu, dict) else None
-    if not isinstance(samples, list):
-        return obs, True
-    kept = []
-    for s in samples:
-        t = parse_time(s.get("time")) if isinstance(s, dict) else None
-        if t is None or t >= since:
-            kept.append(s)
-    if len(kept) == len(samples):
-        return obs, True
-    assert isinstance(gpu, dict)
-    return {**obs, "gpu": {**gpu, "samples": kept}}, False
+    A record carries the samples its source returned (the synthetic fleet: the last 30 minutes); the
+    culler widens its GPU query to its longest idle limit plus 10 minutes (`runner.gpu_window_minutes`),
+    so a rule is given every sample of the history inside its own window and the pod's life.
+    """
+
+    __slots__ = ("keys", "samples", "times", "unreadable")
+
+    def __init__(self) -> None:
+        self.times: list[datetime] = []
+        self.samples: list[dict[str, Any]] = []
+        self.keys: set[str] = set()
+        self.unreadable = False  # the current record's samples could not be read: pass it on as it is
+
+    def merge(self, raw: object, now: datetime, keep: timedelta) -> None:
+        samples = raw.get("samples") if isinstance(raw, dict) else None
+        self.unreadable = not isinstance(samples, list)
+        if self.unreadable:
+            return
+        assert isinstance(samples, list)
+        for s in samples:
+            key = s.get("time") if isinstance(s, dict) else None
+            if isinstance(key, str) and key in self.keys:
+                continue
+            t = parse_time(key)
+            if t is None:
+                self.unreadable = True
+                return
+            assert isinstance(key, str)
+            self.keys.add(key)
+            i = bisect.bisect_right(self.times, t)
+            self.times.insert(i, t)
+            self.samples.insert(i, s)
+        cut = bisect.bisect_left(self.times, now - keep)
+        if cut:
+            for s in self.samples[:cut]:
+                self.keys.discard(s["time"])
+            del self.times[:cut], self.samples[:cut]
+
+    def window(self, obs: dict[str, Any], now: datetime, since: datetime) -> dict[str, Any]:
+        """obs with its GPU samples replaced by the history's samples in [since, now]."""
+        raw = obs.get("gpu")
+        if self.unreadable or not isinstance(raw, dict) or "error" in raw:
+            return obs
+        lo = bisect.bisect_left(self.times, since)
+        hi = bisect.bisect_right(self.times, now)
+        return {**obs, "gpu": {**raw, "samples": self.samples[lo:hi]}}
 
 
 def signals(rec: Record) -> dict[str, Any]:
@@ -241,6 +275,8 @@ def replay(path: str | Path, rules: list[Rule], *, restart_delay_minutes: float 
     count = 0
     timeline: list[TimelineRow] = []
     n_rules = len(rules)
+    lookbacks = [timedelta(minutes=r.gpu_lookback_minutes) for r in rules]
+    keep_gpu = max(lookbacks, default=timedelta(0))
 
     def close(nb: _Nb, end: datetime) -> None:
         """Account [prev_time, end) with the situation after the previous record."""
@@ -305,9 +341,12 @@ def replay(path: str | Path, rules: list[Rule], *, restart_delay_minutes: float 
         elif nb.idle_start is None:
             nb.idle_start = now
 
+        if keep_gpu and nb.world_running and any(_may_decide(run, nb) for run in nb.runs) and \
+                "gpu" in (obs := rec.observations):
+            nb.gpu.merge(obs["gpu"], now, keep_gpu)
         row: list[tuple[bool, Check | None]] | None = [] if rec.id == timeline_id else None
-        for rule, run in zip(rules, nb.runs, strict=True):
-            check = _step(rule, run, nb, rec, now, delay, period, due_slack)
+        for rule, run, lookback in zip(rules, nb.runs, lookbacks, strict=True):
+            check = _step(rule, run, nb, rec, now, delay, period, due_slack, lookback)
             if row is not None:
                 row.append((run.running, check))
         if row is not None:
@@ -338,8 +377,14 @@ def replay(path: str | Path, rules: list[Rule], *, restart_delay_minutes: float 
     )
 
 
+def _may_decide(run: _Run, nb: _Nb) -> bool:
+    """Whether the rule may decide this notebook at this record (else its observations are not read)."""
+    return run.running or run.restart_at is not None or (
+        run.stopped_at is not None and nb.world_start is not None and nb.world_start > run.stopped_at)
+
+
 def _step(rule: Rule, run: _Run, nb: _Nb, rec: Record, now: datetime, delay: timedelta,
-          period: timedelta | None, slack: timedelta) -> Check | None:
+          period: timedelta | None, slack: timedelta, lookback: timedelta) -> Check | None:
     tally = run.tally
     if not run.running:
         if nb.world_start is not None and run.stopped_at is not None and nb.world_start > run.stopped_at:
@@ -352,7 +397,7 @@ def _step(rule: Rule, run: _Run, nb: _Nb, rec: Record, now: datetime, delay: tim
             if run.restart_at is None or now < run.restart_at:
                 return None
             run.running, run.stopped_at = True, None
-            run.start_override, run.restart_at, run.obs_clean = run.restart_at, None, False
+            run.start_override, run.restart_at = run.restart_at, None
             run.last_check = None
     if not nb.world_running or nb.world_start is None:
         return None
@@ -367,8 +412,8 @@ def _step(rule: Rule, run: _Run, nb: _Nb, rec: Record, now: datetime, delay: tim
         if run.pod_cache[0] is not pod or run.pod_cache[1] != started or run.pod_cache[2] is None:
             run.pod_cache = (pod, started, _with_start(pod, started))
         pod = run.pod_cache[2]
-        if not run.obs_clean:
-            obs, run.obs_clean = _without_old_samples(obs, started)
+    if lookback and "gpu" in obs:
+        obs = nb.gpu.window(obs, now, max(now - lookback, started))
     tally.checks += 1
     check = rule.check(run.memo, rec.notebook, pod, obs, now, started)
     if check.action == "warn" and run.last_action != "warn":
