@@ -98,7 +98,7 @@ def make(api: Any, namespace: str, *names: str) -> None:
         obj.running_pod(api, namespace, name, started)
 
 
-def annotations(api: Any, namespace: str, name: str) -> dict[str, str]:
+def notebook_annotations(api: Any, namespace: str, name: str) -> dict[str, str]:
     return dict(obj.get_notebook(api, namespace, name)["metadata"].get("annotations") or {})
 
 
@@ -142,7 +142,8 @@ def test_api_server_killed_mid_pass_and_restarted(cluster: LocalCluster, api: An
         writes = {r.name: r.write for r in first.results}
         assert [r.name for r in first.results] == names, "the pass did not go on after the API server died"
         for name in names[:2]:
-            assert writes[name] is not None and writes[name].outcome == "patched", writes[name]
+            w = writes[name]
+            assert w is not None and w.outcome == "patched", w
         for name in names[2:]:
             w = writes[name]
             assert w is not None and w.outcome == "failed" and w.error, w
@@ -179,7 +180,7 @@ def test_api_server_killed_mid_pass_and_restarted(cluster: LocalCluster, api: An
         cluster.start_apiserver()
 
     for name in [*names[:5], "nb-new"]:  # no stop lost, none doubled
-        assert set(annotations(api, ns, name)) >= STOP_KEYS, name
+        assert set(notebook_annotations(api, ns, name)) >= STOP_KEYS, name
         assert stop_events(api, ns, name) == 1, name
 
 
@@ -210,13 +211,13 @@ def test_conflict_on_every_first_patch(api: Any, ns: str, faulty: FaultyServer) 
         w = by[name].write
         assert w is not None and w.conflicts == 1 and w.attempts >= 1, (name, w)
         assert by[name].verdict.action == "stop"  # decided on the object as read; re-decided after the 409
-        ann = annotations(api, ns, name)
+        ann = notebook_annotations(api, ns, name)
         assert ann["team.example.com/owner"] == "kim"
     assert by["nb-plain"].write is not None and by["nb-plain"].write.outcome == "patched"
-    assert set(annotations(api, ns, "nb-plain")) >= STOP_KEYS and stop_events(api, ns, "nb-plain") == 1
-    ann = annotations(api, ns, "nb-exempted")
+    assert set(notebook_annotations(api, ns, "nb-plain")) >= STOP_KEYS and stop_events(api, ns, "nb-plain") == 1
+    ann = notebook_annotations(api, ns, "nb-exempted")
     assert STOP_ANNOTATION not in ann and stop_events(api, ns, "nb-exempted") == 0
-    ann = annotations(api, ns, "nb-user-stopped")
+    ann = notebook_annotations(api, ns, "nb-user-stopped")
     assert ann[STOP_ANNOTATION] == "2026-01-01T00:00:00Z"  # never rewritten
     assert not [k for k in ann if k.startswith(PREFIX)] and stop_events(api, ns, "nb-user-stopped") == 0
 
@@ -240,10 +241,12 @@ def test_notebook_deleted_between_gather_and_apply(api: Any, ns: str, faulty: Fa
     finally:
         runner.cache.close()
     by = {r.name: r for r in result.results}
-    assert by["nb-b-gone"].write is not None and by["nb-b-gone"].write.outcome == "gone"
-    assert by["nb-b-gone"].write.event is None and stop_events(api, ns, "nb-b-gone") == 0
+    gone = by["nb-b-gone"].write
+    assert gone is not None and gone.outcome == "gone"
+    assert gone.event is None and stop_events(api, ns, "nb-b-gone") == 0
     for name in ("nb-a", "nb-c"):  # the rest of the sweep went on
-        assert by[name].write is not None and by[name].write.outcome == "patched"
+        w = by[name].write
+        assert w is not None and w.outcome == "patched"
         assert stop_events(api, ns, name) == 1
 
 
@@ -275,7 +278,7 @@ def test_events_refused_by_rbac_the_stop_still_happens(cluster: LocalCluster, ap
     for r in result.results:
         assert r.write is not None and r.write.outcome == "patched", r.write
         assert r.write.event == "failed: HTTP 403", r.write.event  # reported, not raised
-        assert set(annotations(api, ns, r.name)) >= STOP_KEYS
+        assert set(notebook_annotations(api, ns, r.name)) >= STOP_KEYS
         assert stop_events(api, ns, r.name) == 0
     # The same account can indeed not create Events: the refusal above is RBAC's, not a culler bug.
     with pytest.raises(client.ApiException) as err:
@@ -362,7 +365,7 @@ def assert_all_or_nothing(api: Any, ns: str, names: list[str]) -> int:
     number stopped."""
     stopped = 0
     for name in names:
-        ann = annotations(api, ns, name)
+        ann = notebook_annotations(api, ns, name)
         ours = {k for k in ann if k.startswith(PREFIX)}
         events = stop_events(api, ns, name)
         if STOP_ANNOTATION in ann:
@@ -393,7 +396,7 @@ def test_sigterm_during_a_pass(cluster: LocalCluster, api: Any, ns: str, faulty:
                 wait_for(lambda: len(faulty.requests_for("hang")) > hang_before, "the hanging probe", 90)
                 time.sleep(0.5)
             else:
-                wait_for(lambda: any(STOP_ANNOTATION in annotations(api, ns, n) for n in names),
+                wait_for(lambda: any(STOP_ANNOTATION in notebook_annotations(api, ns, n) for n in names),
                          "the first stop", 90)
             assert proc.poll() is None, (tmp_path / "culler.log").read_text()[-3000:]
             proc.send_signal(signal.SIGTERM)

@@ -34,7 +34,7 @@ from kf_culler.testing.procs import free_port
 
 TIMEOUT = 2.0
 RETRIES = 1
-PROBE = ProbeSettings(timeoutSeconds=TIMEOUT, connectTimeoutSeconds=1.0, retries=RETRIES)
+PROBE = ProbeSettings.model_validate({"timeoutSeconds": TIMEOUT, "connectTimeoutSeconds": 1.0, "retries": RETRIES})
 # A behavioural bound, not a speed target: the budget covers every attempt; one second of slack.
 PROBE_BOUND = TIMEOUT * (1 + RETRIES) + 1.0
 FAULTS = ["hang", "reset", "e401", "e403", "e404", "e500", "e503", "badjson", "huge", "hugechunked", "slow"]
@@ -102,8 +102,9 @@ def test_a_50_mb_body_is_not_read_whole(faulty: FaultyServer, fault: str) -> Non
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
-        answer, _calls, _ = run_probe("codeServer", faulty.url(f"cs-{fault}"),
-                                     ProbeSettings(timeoutSeconds=TIMEOUT, retries=RETRIES, maxResponseBytes=cap))
+        settings = ProbeSettings.model_validate({"timeoutSeconds": TIMEOUT, "retries": RETRIES,
+                                                 "maxResponseBytes": cap})
+        answer, _calls, _ = run_probe("codeServer", faulty.url(f"cs-{fault}"), settings)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -213,7 +214,7 @@ def prometheus_urls(stub: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("mode", ["down", "503", "hang"])
 def test_prometheus_fault_gives_every_pod_an_error(prometheus_stub: str, mode: str) -> None:
-    settings = PrometheusSettings(url=prometheus_urls(prometheus_stub)[mode], timeoutSeconds=2)
+    settings = PrometheusSettings.model_validate({"url": prometheus_urls(prometheus_stub)[mode], "timeoutSeconds": 2})
     pods = [("team-a", f"nb-{i}-0") for i in range(50)]
     t0 = time.monotonic()
     answers, queries = PrometheusGpu(settings).samples(pods, datetime.now(UTC))

@@ -234,7 +234,7 @@ prom_doc = fields({
 prom_body = st.one_of(prom_doc.map(lambda d: json.dumps(d).encode()),
                       st.binary(max_size=40), st.just(b"{" * 30), st.just(b""))
 prom_answer = st.tuples(st.sampled_from([200, 200, 200, 400, 422, 500, 503]), prom_body)
-PROM = PrometheusSettings(url="http://127.0.0.1:9/", timeoutSeconds=5)
+PROM = PrometheusSettings.model_validate({"url": "http://127.0.0.1:9/", "timeoutSeconds": 5})
 
 
 @FUZZ
@@ -291,7 +291,8 @@ exposition = st.lists(exposition_line, max_size=8).map(lambda lines: "\n".join(l
                                   st.one_of(exposition, st.binary(max_size=40))), min_size=1, max_size=3))
 def test_dcgm_scraper(scrapes: list[tuple[int, bytes]]) -> None:
     """Any exposition text, over a few scrapes: answers per pod, never an exception."""
-    dcgm = DcgmSettings(endpoints=("http://127.0.0.1:9/metrics",), lookbackMinutes=1, staleSeconds=120)
+    dcgm = DcgmSettings.model_validate({"endpoints": ["http://127.0.0.1:9/metrics"], "lookbackMinutes": 1,
+                                        "staleSeconds": 120})
     scraper = DcgmScraper(dcgm, session=_Session(scrapes))  # type: ignore[arg-type]
     pods = [("team-a", "nb-0"), ("team-b", "nb-1-0")]
     for i in range(len(scrapes)):
@@ -312,7 +313,7 @@ containers = st.lists(fields({"name": st.just("main"), "image": st.sampled_from(
     ["kubeflownotebookswg/jupyter-scipy:v1.10.0", "kubeflownotebookswg/codeserver-python:v1.10.0",
      "kubeflownotebookswg/rstudio-tidyverse:v1.10.0", ""]), "resources": resources}), max_size=3)
 annotation_value = st.one_of(st.text(max_size=12), times, json_leaf, st.sampled_from(["true", "True ", "false"]))
-annotations = st.dictionaries(
+annotation_maps: st.SearchStrategy[Any] = st.dictionaries(
     st.one_of(st.sampled_from([STOP_ANNOTATION, EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, LAST_ACTIVITY_ANNOTATION,
                                SERVER_TYPE_ANNOTATION, "notebook-culler.io/warned-at",
                                "notebook-culler.io/stopped-by"]), st.text(max_size=10)),
@@ -322,7 +323,7 @@ annotations = st.dictionaries(
 notebooks = st.one_of(
     st.fixed_dictionaries({
         "metadata": st.fixed_dictionaries({"name": st.just("nb"), "namespace": st.just("team-a")},
-                                          optional={"annotations": st.one_of(annotations, st.none())}),
+                                          optional={"annotations": st.one_of(annotation_maps, st.none())}),
         "spec": maybe(st.fixed_dictionaries({"template": maybe(st.fixed_dictionaries(
             {"spec": maybe(st.fixed_dictionaries({"containers": maybe(containers)}))}))}))}),
     json_any)
