@@ -67,9 +67,8 @@ def _runner(args: argparse.Namespace, settings: Settings) -> Runner | None:
     return Runner(settings, api, dry_run=getattr(args, "dry_run", False) or args.command != "run")
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    from kf_culler.report import render
-
+def _synced_runner(args: argparse.Namespace) -> Runner | int:
+    """A runner whose notebook cache has synced, or the exit code that says why there is none."""
     settings = _settings(args)
     if settings is None:
         return 2
@@ -77,14 +76,24 @@ def cmd_check(args: argparse.Namespace) -> int:
     if runner is None:
         return 1
     cache = runner.start_cache(timeout=args.timeout)
+    if not cache.synced:
+        cache.close()
+        print(f"kf-culler {args.command}: could not list notebooks within {args.timeout:g} s "
+              f"(is the API server reachable and the Notebook CRD installed?)", file=sys.stderr)
+        return 1
+    return runner
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from kf_culler.report import render
+
+    runner = _synced_runner(args)
+    if isinstance(runner, int):
+        return runner
     try:
-        if not cache.synced:
-            print(f"kf-culler check: could not list notebooks within {args.timeout:g} s "
-                  f"(is the API server reachable and the Notebook CRD installed?)", file=sys.stderr)
-            return 1
         print(render(runner.once(), args.output))
     finally:
-        cache.close()
+        runner.close()
     return 0
 
 
@@ -95,22 +104,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not sep or not ns or not name:
         print("kf-culler explain: give the notebook as NAMESPACE/NAME", file=sys.stderr)
         return 2
-    settings = _settings(args)
-    if settings is None:
-        return 2
-    runner = _runner(args, settings)
-    if runner is None:
-        return 1
-    cache = runner.start_cache(timeout=args.timeout)
+    runner = _synced_runner(args)
+    if isinstance(runner, int):
+        return runner
     try:
-        items = [(nb, pod) for nb, pod in cache.snapshot()
+        assert runner.cache is not None
+        items = [(nb, pod) for nb, pod in runner.cache.snapshot()
                  if ((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")) == (ns, name)]
         if not items:
             print(f"kf-culler explain: notebook {ns}/{name} not found", file=sys.stderr)
             return 1
         result = runner.build_cycle().run(items)
     finally:
-        cache.close()
+        runner.close()
     if not result.results:
         print(f"kf-culler explain: {ns}/{name} is not selected by the configuration "
               "(namespaces.include/exclude or gpuOnly)", file=sys.stderr)

@@ -104,6 +104,20 @@ class Runner:
             log.warning("the notebook cache has not synced after %.0f s; still trying", timeout)
         return self.cache
 
+    def close(self) -> None:
+        """Stop watching (the cache's threads end on their own)."""
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+
+    def __enter__(self) -> Runner:
+        if self.cache is None:
+            self.start_cache()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def once(self) -> CycleResult:
         cache = self.cache or self.start_cache()
         cycle = self.build_cycle()

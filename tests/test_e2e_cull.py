@@ -84,12 +84,8 @@ def test_idle_stopped_busy_kept_foreign_stop_untouched(api: Any, namespace: str,
     make(api, namespace, "nb-locked", {STOP_ANNOTATION: "odh-notebook-controller-lock"})
     time.sleep(3.5)  # the idle kernel passes the 3-second idle limit
     runner = Runner(settings_for(router, namespace), api)
-    runner.start_cache(30)
-    try:
+    with runner:
         result = runner.once()
-    finally:
-        assert runner.cache is not None
-        runner.cache.close()
     by_name = {r.name: r for r in result.results}
     assert by_name["nb-busy"].verdict.state == "active"
     assert by_name["nb-idle"].verdict.action == "stop", by_name["nb-idle"].verdict.reason
@@ -118,12 +114,8 @@ def test_dry_run_writes_nothing(api: Any, namespace: str, router: Router,
     before = obj.get_notebook(api, namespace, "nb-idle")["metadata"]
     time.sleep(3.5)
     runner = Runner(settings_for(router, namespace, dryRun=True), api)
-    runner.start_cache(30)
-    try:
+    with runner:
         result = runner.once()
-    finally:
-        assert runner.cache is not None
-        runner.cache.close()
     assert result.results[0].verdict.action == "stop" and result.results[0].write is None
     after = obj.get_notebook(api, namespace, "nb-idle")["metadata"]
     assert after["resourceVersion"] == before["resourceVersion"]
@@ -141,12 +133,8 @@ def test_concurrent_edit_is_not_lost(api: Any, namespace: str, router: Router,
         obj.patch_annotations(api, namespace, nb["metadata"]["name"], {"team.example.com/owner": "kim"})
 
     runner.on_observed = other_writer
-    runner.start_cache(30)
-    try:
+    with runner:
         result = runner.once()
-    finally:
-        assert runner.cache is not None
-        runner.cache.close()
     write = result.results[0].write
     assert write is not None and write.outcome == "patched" and write.conflicts >= 1
     ann = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
@@ -159,8 +147,7 @@ def test_restart_clears_our_marks_and_restarts_the_grace(api: Any, namespace: st
     make(api, namespace, "nb-idle")
     time.sleep(3.5)
     runner = Runner(settings_for(router, namespace, warnMinutes=0), api)
-    runner.start_cache(30)
-    try:
+    with runner:
         assert runner.once().results[0].verdict.action == "stop"
         # The notebook-controller scales to 0; the user starts it again from the web app.
         obj.delete_pod(api, namespace, "nb-idle-0")
@@ -171,9 +158,6 @@ def test_restart_clears_our_marks_and_restarts_the_grace(api: Any, namespace: st
                    and pod["status"].get("phase") == "Running")
         time.sleep(3.5)  # idle past the limit again, but inside the new start-up grace
         again = runner.once().results[0]
-    finally:
-        assert runner.cache is not None
-        runner.cache.close()
     assert (again.verdict.action, again.verdict.state) == ("keep", "starting")
     ann = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
     assert STOP_ANNOTATION not in ann
@@ -184,16 +168,12 @@ def test_restart_clears_our_marks_and_restarts_the_grace(api: Any, namespace: st
 def test_warn_then_stop(api: Any, namespace: str, router: Router, servers: dict[str, JupyterServer]) -> None:
     make(api, namespace, "nb-idle")
     runner = Runner(settings_for(router, namespace, idleMinutes=0.25, warnMinutes=0.2), api)
-    runner.start_cache(30)
-    try:
+    with runner:
         deadline = time.monotonic() + 40
         actions: list[str] = []
         while time.monotonic() < deadline and "stop" not in actions:
             actions.append(runner.once().results[0].verdict.action)
             time.sleep(0.5)
-    finally:
-        assert runner.cache is not None
-        runner.cache.close()
     assert "warn" in actions and actions[-1] == "stop"
     reasons = [e.reason for e in obj.events_for(api, namespace, "nb-idle")]
     assert reasons.count("IdleNotebookWarning") == 1 and reasons.count(EVENT_STOP) == 1

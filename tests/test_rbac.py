@@ -90,12 +90,8 @@ def test_a_full_cycle_as_the_culler_and_nothing_more(kube: KubeTarget, api: Any,
         settings = load_mapping({"idleMinutes": 0.05, "warnMinutes": 0, "urls": {"jupyter": router.template()},
                                  "namespaces": {"include": [namespace]}}, "test")
         runner = Runner(settings, sa_api)  # exactly the culler's identity
-        runner.start_cache(30)
-        try:
+        with runner:
             result = runner.once()
-        finally:
-            assert runner.cache is not None
-            runner.cache.close()
     r = result.results[0]
     assert r.verdict.action == "stop" and r.write is not None and r.write.outcome == "patched"
     assert r.write.event == "created"
@@ -130,13 +126,9 @@ def test_namespace_scoped_mode_is_refused_outside_its_scope(kube: KubeTarget, ap
         obj.create_notebook(api, ns, obj.notebook("nb"))
     settings = load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600}, "test")
     runner = Runner(settings, sa_api, dry_run=True)
-    runner.start_cache(30)
-    try:
+    with runner:
         assert runner.cache is not None and runner.cache.synced
         names = [r.name for r in runner.once().results]
-    finally:
-        assert runner.cache is not None
-        runner.cache.close()
     assert names == ["nb"]
     custom = client.CustomObjectsApi(sa_api)
     assert forbidden(lambda: custom.list_namespaced_custom_object(GROUP, VERSION, other, PLURAL)) == 403
