@@ -92,6 +92,9 @@ class Cycle:
                     verdict = decide(nb, pod, {}, policy, started)
                 except InputError:
                     continue
+                except Exception:  # a bug must cost this notebook, not the sweep
+                    log.exception("skipping %s/%s: deciding it failed", *key)
+                    continue
                 if verdict.state in NO_PROBE_STATES:
                     pre[key] = verdict
                     continue
@@ -110,7 +113,12 @@ class Cycle:
                 if self.stop_flag.is_set():
                     interrupted = True
                     break
-                result = self._one(nb, pod, pre, gathered, now)
+                try:
+                    result = self._one(nb, pod, pre, gathered, now)
+                except Exception:  # isolate per notebook: one failure never stops the sweep
+                    where: dict[str, Any] = nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}
+                    log.exception("skipping %s/%s: its pass failed", where.get("namespace"), where.get("name"))
+                    continue
                 if result is not None:
                     results.append(result)
                     if self.on_result is not None:
