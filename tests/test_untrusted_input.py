@@ -302,3 +302,32 @@ def test_annotations_that_do_decide_are_the_documented_ones() -> None:
     cfg_doc["config"]["maxExtendMinutes"] = 600
     until = verdict_for_document(with_annotation(cfg_doc, KEEP_UNTIL_ANNOTATION, "2999-01-01T00:00:00Z"))
     assert until.action != "stop"
+
+
+# -- 3. one notebook's bad input costs only that notebook -----------------------------------------------------
+
+def test_a_notebook_that_breaks_deciding_costs_only_itself(home: FaultyServer, monkeypatch: Any) -> None:
+    """Whatever makes one notebook's decision fail (a bug, an input no rule expected), the pass goes on
+    and the other notebooks are decided and planned as usual."""
+    import kf_culler.cycle as cycle_module
+    from kf_culler.cycle import Cycle
+
+    started = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    items: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    for name in ("nb-a", "nb-breaks", "nb-c"):
+        nb = obj.notebook(name)
+        nb["metadata"]["namespace"] = "team-a"
+        items.append((nb, {"metadata": {"name": f"{name}-0"}, "status": {"phase": "Running", "startTime": started}}))
+    real = decide
+
+    def fragile(notebook: dict[str, Any], *args: Any) -> Verdict:
+        if notebook["metadata"]["name"] == "nb-breaks":
+            raise RuntimeError("a rule met an input it did not expect")
+        return real(notebook, *args)
+
+    monkeypatch.setattr(cycle_module, "decide", fragile)
+    settings = load_mapping({"idleMinutes": 30, "warnMinutes": 0, "startupGraceMinutes": 0,
+                             "urls": {"jupyter": home.base + "/notebook/{namespace}/{name}/"}}, "test")
+    result = Cycle(settings).run(items)
+    assert [r.name for r in result.results] == ["nb-a", "nb-c"]
+    assert all(r.verdict.action == "stop" and r.plan is not None and not r.plan.empty for r in result.results)
