@@ -39,11 +39,21 @@ class Rule(Protocol):
         """How many minutes of GPU samples the rule is given (0: the record's own, as they are)."""
         ...
 
+    def gpu_thresholds(self, notebook: dict[str, Any]) -> tuple[float, float] | None:
+        """(util %, memory MiB) at which a GPU sample shows work for this notebook, when the rule's
+        verdict depends on its samples only through decide's reading of them; None: give all samples."""
+        ...
+
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
               observations: dict[str, Any], now: datetime, started: datetime) -> Check:
         """The verdict for one notebook whose pod runs since `started`. `memo` is this rule's state for
         this notebook (empty at the first check)."""
         ...
+
+
+def _namespace(notebook: dict[str, Any]) -> str:
+    meta = notebook.get("metadata") or {}
+    return str(meta.get("namespace", "")) if isinstance(meta, dict) else ""
 
 
 @dataclass
@@ -67,10 +77,13 @@ class PolicyRule:
         return max(self.settings.operations.prometheus.lookback_minutes,
                    min(gpu_window_minutes(self.settings), 24 * 60))
 
+    def gpu_thresholds(self, notebook: dict[str, Any]) -> tuple[float, float] | None:
+        gpu = self.settings.policy_for(_namespace(notebook)).gpu
+        return gpu.util_percent, gpu.memory_mib
+
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
               observations: dict[str, Any], now: datetime, started: datetime) -> Check:
-        meta = notebook.get("metadata") or {}
-        namespace = str(meta.get("namespace", "")) if isinstance(meta, dict) else ""
+        namespace = _namespace(notebook)
         ops = self.settings.operations
         if not ops.namespaces.selects(namespace):
             return Check("keep", "exempt", "namespace not selected by this configuration")
@@ -103,6 +116,9 @@ class KubeflowKernelRule:
     idle_minutes: float = 1440
     name: str = "kubeflow-kernel"
     gpu_lookback_minutes: float = 0  # reads no GPU
+
+    def gpu_thresholds(self, notebook: dict[str, Any]) -> tuple[float, float] | None:
+        return None
 
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
               observations: dict[str, Any], now: datetime, started: datetime) -> Check:
@@ -151,6 +167,9 @@ class GpuOnlyRule:
     @property
     def gpu_lookback_minutes(self) -> float:
         return self.idle_minutes + 10
+
+    def gpu_thresholds(self, notebook: dict[str, Any]) -> tuple[float, float] | None:
+        return None
 
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
               observations: dict[str, Any], now: datetime, started: datetime) -> Check:

@@ -19,6 +19,7 @@ Rules are run side by side on one pass over the trace.
 from __future__ import annotations
 
 import bisect
+import math
 import time as wallclock
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -185,12 +186,38 @@ def _with_start(pod: dict[str, Any], start: datetime) -> dict[str, Any]:
     return {**pod, "status": status}
 
 
+def _reading(value: object) -> bool:
+    """A number decide would read (readings._number): not a bool, finite, not negative."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) and value >= 0
+
+
+def essential_samples(samples: list[dict[str, Any]], util: float, mem: float) -> list[dict[str, Any]]:
+    """Of readable GPU samples in time order, those that determine decide's reading of them under the
+    thresholds (util %, mem MiB): the first (the GPU's idle clock when nothing worked), the latest (is it
+    working now) and the latest that shows work. decide gives the same verdict on these as on all of them
+    (tests/test_replay_counting.py checks it); a long look-back then costs a replay no more than a short one.
+    """
+    n = len(samples)
+    if n <= 3:
+        return samples
+    last_work = -1
+    for i in range(n - 1, -1, -1):
+        s = samples[i]
+        if s["utilPercent"] >= util and s["memoryUsedMiB"] >= mem:
+            last_work = i
+            break
+    if last_work in (-1, 0, n - 1):
+        return [samples[0], samples[-1]]
+    return [samples[0], samples[last_work], samples[-1]]
+
+
 class GpuHistory:
     """The GPU samples of one notebook seen so far, so each rule gets the look-back its culler would query.
 
     A record carries the samples its source returned (the synthetic fleet: the last 30 minutes); the
     culler widens its GPU query to its longest idle limit plus 10 minutes (`runner.gpu_window_minutes`),
-    so a rule is given every sample of the history inside its own window and the pod's life.
+    so a rule is given the samples of the history inside its own window and the pod's life. A record
+    whose samples decide could not read is passed on as it is.
     """
 
     __slots__ = ("keys", "samples", "times", "unreadable")
@@ -199,7 +226,7 @@ class GpuHistory:
         self.times: list[datetime] = []
         self.samples: list[dict[str, Any]] = []
         self.keys: set[str] = set()
-        self.unreadable = False  # the current record's samples could not be read: pass it on as it is
+        self.unreadable = False
 
     def merge(self, raw: object, now: datetime, keep: timedelta) -> None:
         samples = raw.get("samples") if isinstance(raw, dict) else None
@@ -212,7 +239,7 @@ class GpuHistory:
             if isinstance(key, str) and key in self.keys:
                 continue
             t = parse_time(key)
-            if t is None:
+            if t is None or not _reading(s.get("utilPercent")) or not _reading(s.get("memoryUsedMiB")):
                 self.unreadable = True
                 return
             assert isinstance(key, str)
@@ -226,14 +253,19 @@ class GpuHistory:
                 self.keys.discard(s["time"])
             del self.times[:cut], self.samples[:cut]
 
-    def window(self, obs: dict[str, Any], now: datetime, since: datetime) -> dict[str, Any]:
-        """obs with its GPU samples replaced by the history's samples in [since, now]."""
+    def window(self, obs: dict[str, Any], now: datetime, since: datetime,
+               thresholds: tuple[float, float] | None) -> dict[str, Any]:
+        """obs with its GPU samples replaced by the history's samples in [since, now] (only the essential
+        ones when the rule gives its thresholds)."""
         raw = obs.get("gpu")
         if self.unreadable or not isinstance(raw, dict) or "error" in raw:
             return obs
         lo = bisect.bisect_left(self.times, since)
         hi = bisect.bisect_right(self.times, now)
-        return {**obs, "gpu": {**raw, "samples": self.samples[lo:hi]}}
+        samples = self.samples[lo:hi]
+        if thresholds is not None:
+            samples = essential_samples(samples, *thresholds)
+        return {**obs, "gpu": {**raw, "samples": samples}}
 
 
 def signals(rec: Record) -> dict[str, Any]:
@@ -413,7 +445,7 @@ def _step(rule: Rule, run: _Run, nb: _Nb, rec: Record, now: datetime, delay: tim
             run.pod_cache = (pod, started, _with_start(pod, started))
         pod = run.pod_cache[2]
     if lookback and "gpu" in obs:
-        obs = nb.gpu.window(obs, now, max(now - lookback, started))
+        obs = nb.gpu.window(obs, now, max(now - lookback, started), rule.gpu_thresholds(rec.notebook))
     tally.checks += 1
     check = rule.check(run.memo, rec.notebook, pod, obs, now, started)
     if check.action == "warn" and run.last_action != "warn":
