@@ -166,8 +166,9 @@ def _session(plan: Plan, rng: random.Random, p: Profile, arrive: int, leave: int
             # a long step (data preparation, an R model fit) runs while the user is in a meeting; half
             # of them print nothing, and then look exactly like a hung call: busy, quiet, GPU idle
             g, u, m = p.idle()
-            plan.to(block_end + rng.randint(30, 120), State("working", executing=rng.random() < 0.5,
-                                                            kernel="busy", gpu=g, util=u, mem=m))
+            step = State("working", executing=rng.random() < 0.5, kernel="busy", gpu=g, util=u, mem=m)
+            plan.to(t + 1, replace(step, executing=True))  # the cell starts: the kernel's activity moves
+            plan.to(block_end + rng.randint(30, 120), step)
         else:
             if (p.gpus or p.ide == "rstudio") and rng.random() < 0.55 and block_end - t >= 10:
                 length = rng.randint(3, min(25, block_end - t - 2))
