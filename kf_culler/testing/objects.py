@@ -80,8 +80,10 @@ def delete_pod(api: Any, namespace: str, name: str) -> None:
 
 
 def events_for(api: Any, namespace: str, name: str) -> list[Any]:
+    """The Notebook's Events, oldest first (the API lists them by their generated names, in no time order)."""
     from kubernetes import client
 
     evs = client.CoreV1Api(api).list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=Notebook").items
-    return list(evs)
+    return sorted(evs, key=lambda e: (e.first_timestamp or e.metadata.creation_timestamp,
+                                      e.metadata.creation_timestamp))
