@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from kf_culler.sources.http import Call, Fetcher
@@ -13,14 +12,20 @@ NO_TRACK = "?no_track_activity=1"
 
 
 async def probe(fetcher: Fetcher, base_url: str, terminals: bool = True) -> tuple[dict[str, Any], list[Call]]:
-    """The Jupyter observation for one server at base_url (ending in '/')."""
+    """The Jupyter observation for one server at base_url (ending in '/').
+
+    The requests go one after another, so they share one kept-alive connection (one connect and one
+    name lookup per notebook instead of one per request), and a server whose api/status or api/kernels
+    fails is not asked further: without both the answer is an error anyway.
+    """
     base = base_url if base_url.endswith("/") else base_url + "/"
     parts = ["status", "kernels"] + (["terminals"] if terminals else [])
-    results = await asyncio.gather(*(fetcher.get_json(f"{base}api/{p}{NO_TRACK}") for p in parts))
-    answer = {p: body for p, (body, _) in zip(parts, results, strict=True)}
-    calls = [call for _, call in results]
-    for p in ("status", "kernels"):
-        body = answer[p]
-        if isinstance(body, dict) and "error" in body:
+    answer: dict[str, Any] = {}
+    calls: list[Call] = []
+    for p in parts:
+        body, call = await fetcher.get_json(f"{base}api/{p}{NO_TRACK}")
+        calls.append(call)
+        answer[p] = body
+        if p in ("status", "kernels") and isinstance(body, dict) and "error" in body:
             return {"error": f"api/{p}: {body['error']}"}, calls
     return answer, calls
