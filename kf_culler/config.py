@@ -144,7 +144,7 @@ class Operations(_Model):
     """Settings that shape how the culler runs, not what it decides."""
 
     check_period_seconds: float = Field(default=60, alias="checkPeriodSeconds", gt=0, le=86400)
-    concurrency: int = Field(default=64, ge=1, le=4096)
+    concurrency: int = Field(default=512, ge=1, le=4096)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     urls: Urls = Field(default_factory=Urls)
     cluster_domain: str = Field(default="cluster.local", alias="clusterDomain", min_length=1)
