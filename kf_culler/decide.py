@@ -317,10 +317,14 @@ def decide(
     warn_at = add_minutes(stop_at, -policy.warn_minutes)
     timing.update(stop_at=stop_at, warn_at=warn_at)
 
-    idle_words = [IDLE_WORDS[ide_key]]
+    # What was idle, in words; a connected code-server's only IDE signal is the connection itself.
+    idle_words = [] if state == "connected" and ide_key == "codeServer" else [IDLE_WORDS[ide_key]]
     if gpu is not None:
         idle_words.append("an idle GPU")
     what = " and ".join(idle_words)
+    if ide.busy:  # only reached when the busy kernel stopped counting (busyKernelGpuIdleMinutes)
+        note = (f" A kernel reports busy, but the GPU has been idle for over "
+                f"{_minutes((policy.busy_kernel_gpu_idle_minutes or 0) * 60)}, so it is treated as hung.{note}")
     since = _hhmm(idle_since, now)
     if half_evidence:
         return verdict("keep", state, f"Idle for {_minutes(idle_seconds)} ({what} since {since}); GPU metrics "
@@ -329,7 +333,8 @@ def decide(
     connected = " although a browser is connected" if state == "connected" else ""
     if now >= stop_at:
         return verdict("stop", state,
-                       f"Stopped after {_minutes(idle_seconds)} idle{connected}: {what} since {since} "
+                       f"Stopped after {_minutes(idle_seconds)} {'without work' if connected else 'idle'}"
+                       f"{connected}: {what} since {since} "
                        f"(limit {_minutes(limit * 60)}). Your files in the home volume are kept; start the "
                        f"notebook again to continue.{note}", rule, **timing)
     if policy.warn_minutes > 0 and now >= warn_at:

@@ -149,6 +149,18 @@ def test_reason_names_both_idle_signals_for_code_server() -> None:
     assert "code-server" in v.reason and "GPU" in v.reason
 
 
+def test_connected_stop_reason_does_not_contradict_itself() -> None:
+    v = verdict_for_document(scenario(**{f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
+                                        "observations__codeServer": code_server("alive", 1795953580000),
+                                        "config__connectedGpuIdleMinutes": 60}))
+    assert v.action == "stop" and "browser is connected" in v.reason and "no browser" not in v.reason
+
+
+def test_hung_kernel_stop_says_so() -> None:
+    v = verdict_for_document(scenario(**{JUP: busy_jupyter(), "config__busyKernelGpuIdleMinutes": 60}))
+    assert v.action == "stop" and "busy" in v.reason and "hung" in v.reason
+
+
 def test_unreadable_keep_until_is_mentioned() -> None:
     v = verdict_for_document(scenario(**{f"{ANN}__notebook-culler.io/keep-until": "tomorrow",
                                         "config__maxExtendMinutes": 60}))
