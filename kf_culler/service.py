@@ -78,7 +78,8 @@ def serve(runner: Runner, opts: Options) -> int:
     if opts.record:
         from kf_culler.replay.trace import TraceRecorder
 
-        recorder = TraceRecorder(opts.record, hash_key=opts.record_hash_key)
+        recorder = TraceRecorder(opts.record, hash_key=opts.record_hash_key,
+                                 check_period_seconds=runner.settings.operations.check_period_seconds)
         runner.on_observed = recorder.record
     if opts.leader_elect:
         namespace = opts.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
