@@ -162,8 +162,12 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
             pod = {"metadata": {"name": f"{m.name}-0", "namespace": m.namespace,
                                 "labels": {"notebook-name": m.name, "statefulset": m.name}},
                    "spec": {"containers": [{"name": m.name, "image": "notebook:local", "resources": resources}]}}
-            status = {"status": {"phase": "Running", "startTime": _stamp(spec.pod_started),
-                                 "conditions": [{"type": "Ready", "status": "True"}]}}
+            started = _stamp(spec.pod_started)
+            status = {"status": {"phase": "Running", "startTime": started,
+                                 "conditions": [{"type": "Ready", "status": "True"}],
+                                 "containerStatuses": [{"name": m.name, "ready": True, "restartCount": 0,
+                                                        "image": "notebook:local", "imageID": "",
+                                                        "state": {"running": {"startedAt": started}}}]}}
             async with limit:
                 await call("POST", f"/apis/kubeflow.org/v1/namespaces/{m.namespace}/notebooks", body)
                 await call("POST", f"/api/v1/namespaces/{m.namespace}/pods", pod)
