@@ -66,7 +66,9 @@ class Router:
         self.thread.start()
 
         async def up() -> None:
-            self._session = aiohttp.ClientSession()
+            # A fresh upstream connection per request, closed after it: code-server counts any open
+            # connection as a connected client, so a pooled one would keep it "alive".
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
             app = web.Application()
             app.router.add_get("/{kind}/{ns}/{name}/{rest:.*}", self._handle)
             self._runner = web.AppRunner(app)
