@@ -19,6 +19,15 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]
 
 
+def _slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """Drop metadata.managedFields, which nothing here reads: two fifths of a pod's JSON, and with
+    10,000 notebooks and their pods the largest part of the culler's memory."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
 def _key(obj: dict[str, Any]) -> Key:
     meta = obj.get("metadata") or {}
     return (str(meta.get("namespace", "")), str(meta.get("name", "")))
@@ -48,7 +57,7 @@ class _Collection:
     def _list(self) -> str:
         resp = self.lister(_preload_content=False, **self._kwargs())
         data = json.loads(resp.data)
-        items = {_key(o): o for o in data.get("items") or []}
+        items = {_key(o): _slim(o) for o in data.get("items") or []}
         with self.lock:
             self.objects = items
         self.lists += 1
@@ -85,7 +94,7 @@ class _Collection:
                         if kind == "DELETED":
                             self.objects.pop(_key(obj), None)
                         else:
-                            self.objects[_key(obj)] = obj
+                            self.objects[_key(obj)] = _slim(obj)
                 backoff = 0.5
             except ApiException as err:
                 if self.stop.is_set():
@@ -115,7 +124,7 @@ class _Collection:
     def put(self, obj: dict[str, Any]) -> None:
         """Record an object the culler itself just wrote (the watch will confirm it)."""
         with self.lock:
-            self.objects[_key(obj)] = obj
+            self.objects[_key(obj)] = _slim(obj)
 
     def snapshot(self) -> dict[Key, dict[str, Any]]:
         with self.lock:
