@@ -54,25 +54,42 @@ def url_for(template: str, namespace: str, name: str, cluster_domain: str) -> st
     return template.format(name=name, namespace=namespace, clusterDomain=cluster_domain)
 
 
-async def _probe_one(fetcher: Fetcher, ops: Operations, req: Request,
-                     limit: asyncio.Semaphore) -> tuple[dict[str, Any] | None, list[Call]]:
+async def _probe_one(fetcher: Fetcher, ops: Operations, req: Request) -> tuple[dict[str, Any] | None, list[Call]]:
     template = {"jupyter": ops.urls.jupyter, "codeServer": ops.urls.code_server}.get(req.source or "")
     if template is None:
         return None, []
     url = url_for(template, req.namespace, req.name, ops.cluster_domain)
     if url is None:
         return {"error": "the notebook's name or namespace is not a DNS label; not probed"}, []
-    async with limit:
-        if req.source == "jupyter":
-            return await jupyter.probe(fetcher, url)
-        return await codeserver.probe(fetcher, url)
+    if req.source == "jupyter":
+        return await jupyter.probe(fetcher, url)
+    return await codeserver.probe(fetcher, url)
+
+
+ProbeResult = tuple[dict[str, Any] | None, list[Call]]
+
+
+async def _probe_all(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request]) -> list[ProbeResult]:
+    """Probe every request, `ops.concurrency` at a time, answers in the order asked.
+
+    A fixed set of workers takes the next notebook when it is done with one: 10,000 notebooks cost
+    `concurrency` tasks, not 10,000 tasks waiting on a semaphore (memory and scheduling).
+    """
+    results: list[ProbeResult] = [(None, [])] * len(reqs)
+    todo = iter(enumerate(reqs))
+
+    async def worker() -> None:
+        for i, req in todo:  # shared iterator: each notebook goes to exactly one worker
+            results[i] = await _probe_one(fetcher, ops, req)
+
+    await asyncio.gather(*(worker() for _ in range(min(ops.concurrency, len(reqs)))))
+    return results
 
 
 async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
                  gpu: GpuSource | None = None, rstudio: PodSource | None = None) -> Gathered:
     out = Gathered()
     fetcher = Fetcher.open(ops.probe, ops.concurrency)
-    limit = asyncio.Semaphore(ops.concurrency)
     try:
         http_reqs = [r for r in requests if r.source in ("jupyter", "codeServer")]
         wanted: list[tuple[str, Any, list[Request]]] = [
@@ -83,7 +100,7 @@ async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
         bulk_calls = [asyncio.to_thread(_bulk, src, [(r.namespace, r.pod or "") for r in reqs], now)
                       for _, src, reqs in bulk_reqs]
         probe_results, bulk_results = await asyncio.gather(
-            asyncio.gather(*(_probe_one(fetcher, ops, r, limit) for r in http_reqs)),
+            _probe_all(fetcher, ops, http_reqs),
             asyncio.gather(*bulk_calls),
         )
         for r, (answer, calls) in zip(http_reqs, probe_results, strict=True):
