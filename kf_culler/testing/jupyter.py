@@ -45,6 +45,8 @@ class JupyterServer:
                "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
                f"--ServerApp.root_dir={self.dir}",
                f"--ServerApp.terminals_enabled={self.terminals}"]
+        if self.terminals:  # enabled explicitly: a virtualenv does not see the system's extension config
+            cmd.append("--ServerApp.jpserver_extensions={'jupyter_server_terminals': True}")
         self.proc = procs.start(cmd, self.log, env=env, cwd=self.dir)
 
         def up() -> bool:
