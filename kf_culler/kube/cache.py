@@ -28,6 +28,30 @@ def _slim(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+POD_META = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a pod the culler reads (identity and labels, containers' images and resources,
+    phase and start time). A notebook pod with its sidecars, env and volumes is many kilobytes of
+    JSON; 10,000 of them whole would be most of the culler's memory."""
+    meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
+    containers = spec.get("containers")
+    containers = containers if isinstance(containers, list) else []
+    return {
+        "apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Pod"),
+        "metadata": {k: meta[k] for k in POD_META if k in meta},
+        "spec": {"containers": [{k: c[k] for k in ("name", "image", "resources") if k in c}
+                                for c in containers if isinstance(c, dict)],
+                 **({"nodeName": spec["nodeName"]} if "nodeName" in spec else {})},
+        "status": {k: status[k] for k in ("phase", "startTime") if k in status},
+    }
+
+
 def _key(obj: dict[str, Any]) -> Key:
     meta = obj.get("metadata") or {}
     return (str(meta.get("namespace", "")), str(meta.get("name", "")))
@@ -37,8 +61,10 @@ class _Collection:
     """One list+watch loop feeding a dict of objects."""
 
     def __init__(self, name: str, lister: Callable[..., Any], stop: threading.Event,
-                 label_selector: str | None = None, watch_timeout: int = 240) -> None:
+                 label_selector: str | None = None, watch_timeout: int = 240,
+                 slim: Callable[[dict[str, Any]], dict[str, Any]] = _slim) -> None:
         self.name = name
+        self.slim = slim
         self.lister = lister
         self.stop = stop
         self.selector = label_selector
@@ -57,7 +83,7 @@ class _Collection:
     def _list(self) -> str:
         resp = self.lister(_preload_content=False, **self._kwargs())
         data = json.loads(resp.data)
-        items = {_key(o): _slim(o) for o in data.get("items") or []}
+        items = {_key(o): self.slim(o) for o in data.get("items") or []}
         with self.lock:
             self.objects = items
         self.lists += 1
@@ -94,7 +120,7 @@ class _Collection:
                         if kind == "DELETED":
                             self.objects.pop(_key(obj), None)
                         else:
-                            self.objects[_key(obj)] = _slim(obj)
+                            self.objects[_key(obj)] = self.slim(obj)
                 backoff = 0.5
             except ApiException as err:
                 if self.stop.is_set():
@@ -124,7 +150,7 @@ class _Collection:
     def put(self, obj: dict[str, Any]) -> None:
         """Record an object the culler itself just wrote (the watch will confirm it)."""
         with self.lock:
-            self.objects[_key(obj)] = _slim(obj)
+            self.objects[_key(obj)] = self.slim(obj)
 
     def snapshot(self) -> dict[Key, dict[str, Any]]:
         with self.lock:
@@ -148,11 +174,12 @@ class ClusterCache:
                     f"notebooks/{ns}", _bind(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL),
                     self.stop_event))
                 self.pods.append(_Collection(f"pods/{ns}", _bind(core.list_namespaced_pod, ns),
-                                             self.stop_event, POD_LABEL))
+                                             self.stop_event, POD_LABEL, slim=_slim_pod))
         else:
             self.notebooks.append(_Collection(
                 "notebooks", _bind(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL), self.stop_event))
-            self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, POD_LABEL))
+            self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, POD_LABEL,
+                                         slim=_slim_pod))
 
     def start(self) -> None:
         for c in self.notebooks + self.pods:
