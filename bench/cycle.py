@@ -1,7 +1,8 @@
 """One culling cycle at scale, and the same fleet under Kubeflow's built-in culler.
 
-    python bench/cycle.py --notebooks 1000 [--steady-minutes 10] [--json out.json]
-    python bench/cycle.py --notebooks 10000 --kubeflow [--kubeflow-minutes 10]   # root: a netns
+    python bench/cycle.py --notebooks 1000 [--steady-minutes 10] [--json out.json]      # loopback
+    python bench/cycle.py --notebooks 10000 --netns                                      # root
+    python bench/cycle.py --notebooks 10000 --kubeflow [--kubeflow-minutes 10]           # root
 
 The fleet: N Notebooks and their Running pods on a real kube-apiserver (LocalCluster), one aiohttp
 server answering every notebook's Jupyter or code-server endpoints after `--latency-ms` (5% hang
@@ -14,7 +15,9 @@ configuration (kustomize/base/config.yaml): list+watch, a cold cycle, then a cyc
 checkPeriodSeconds for `--steady-minutes`. API requests are counted by a wrapper around the
 kubernetes ApiClient's `call_api` and cross-checked with kube-apiserver's `apiserver_request_total`.
 
-`--kubeflow` runs everything inside a network namespace made for the run (its own loopback, a
+Without `--netns`, the culler's URL templates point at the endpoint server's loopback port: one
+host, so connections are reused across notebooks. `--netns` (and `--kubeflow`) runs everything inside
+a network namespace made for the run (its own loopback, a
 resolv.conf of its own, dnsmasq answering every `*.svc.cluster.local` with 127.0.0.1, the endpoint
 server on port 80 too): both cullers then reach each notebook as `<name>.<ns>.svc.cluster.local`,
 as in a cluster. After kf-culler's phase, Kubeflow's notebook-controller (ENABLE_CULLING=true,
@@ -650,6 +653,8 @@ def main() -> int:
                    help="override a config key of kustomize/base/config.yaml, e.g. concurrency=256")
     p.add_argument("--ours-urls", choices=("dns", "loopback"), default="dns",
                    help="inside the netns: probe through Service DNS names (default) or loopback templates")
+    p.add_argument("--netns", action="store_true",
+                   help="run in a network namespace with Service DNS names (implied by --kubeflow)")
     p.add_argument("--kubeflow", action="store_true", help="also run Kubeflow's notebook-controller (root; a netns)")
     p.add_argument("--kubeflow-minutes", type=float, default=10.0)
     p.add_argument("--kubeflow-cull-idle-time", type=int, default=100000)
@@ -661,10 +666,10 @@ def main() -> int:
     a = p.parse_args()
     if a.culler_child:
         return run_child(a.culler_child)
-    if a.kubeflow and not a.inside_netns:
+    if (a.kubeflow or a.netns) and not a.inside_netns:
         if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("dnsmasq"):
-            print("--kubeflow needs root, iproute2 and dnsmasq (apt-get install -y iproute2 dnsmasq-base)",
-                  file=sys.stderr)
+            print("--kubeflow and --netns need root, iproute2 and dnsmasq (apt-get install -y iproute2 "
+                  "dnsmasq-base)", file=sys.stderr)
             return 2
         return in_netns(sys.argv[1:])
     bench = Bench(a)
