@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kf_culler.config import PrometheusSettings
-from kf_culler.sources.prometheus import PromError, PrometheusClient, Series, rfc3339
+from kf_culler.sources.prometheus import PromError, PrometheusClient, Series, error_for_all, rfc3339
 
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
 MEMORY = "DCGM_FI_DEV_FB_USED"
@@ -131,11 +131,8 @@ class PrometheusGpu:
         before = self.client.queries
         try:
             found = self._fetch(now)
-        except PromError as err:
-            return {p: {"error": f"prometheus: {err}"} for p in pods}, self.client.queries - before
         except Exception as err:  # never raise into the cycle
-            return ({p: {"error": f"prometheus: {type(err).__name__}: {err}"[:300]} for p in pods},
-                    self.client.queries - before)
+            return error_for_all(pods, err), self.client.queries - before
         out: dict[Key, dict[str, Any]] = {}
         stale = self.stale_after_seconds()
         for key in pods:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -198,3 +199,9 @@ def _points(raw: list[Any]) -> list[tuple[float, float]]:
         if math.isfinite(ts) and math.isfinite(value):
             out.append((ts, value))
     return out
+
+
+def error_for_all(pods: Sequence[tuple[str, str]], err: Exception) -> dict[tuple[str, str], dict[str, Any]]:
+    """The answer when a bulk query failed: the same `{"error": ...}` for every pod asked."""
+    text = f"prometheus: {err}" if isinstance(err, PromError) else f"prometheus: {type(err).__name__}: {err}"
+    return {p: {"error": text[:300]} for p in pods}

@@ -29,7 +29,7 @@ from typing import Any
 
 from kf_culler.config import PrometheusSettings, RStudioSettings, Settings
 from kf_culler.sources.gpu import pod_of
-from kf_culler.sources.prometheus import PromError, PrometheusClient, Series, duration, rfc3339
+from kf_culler.sources.prometheus import PrometheusClient, Series, duration, error_for_all, rfc3339
 
 Key = tuple[str, str]
 ORDINAL = re.compile(r"^(?P<set>.+)-\d+$")
@@ -79,11 +79,8 @@ class PrometheusRStudio:
         before = self.client.queries
         try:
             found = self._fetch(now)
-        except PromError as err:
-            return {p: {"error": f"prometheus: {err}"} for p in pods}, self.client.queries - before
         except Exception as err:  # never raise into the cycle
-            return ({p: {"error": f"prometheus: {type(err).__name__}: {err}"[:300]} for p in pods},
-                    self.client.queries - before)
+            return error_for_all(pods, err), self.client.queries - before
         cpu_now, cpu_last, req_now, req_last = found
         window_start = now - timedelta(minutes=self.settings.lookback_minutes)
         via = "prometheus: container CPU" + (" and Istio requests" if self.settings.istio else "")
