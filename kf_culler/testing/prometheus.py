@@ -32,7 +32,11 @@ from kf_culler.testing import procs
 
 
 class Unavailable(RuntimeError):
-    """Prometheus cannot be run here; the message says why."""
+    """Prometheus cannot be had here (not installed and not installable); the message says why."""
+
+
+class StartFailed(RuntimeError):
+    """Prometheus is installed but did not start: a failure wherever it happens, never a skip."""
 
 
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
@@ -304,12 +308,12 @@ class Prometheus:
         except TimeoutError as err:
             log = self.log()
             self.stop()
-            raise Unavailable(f"{err}; log:\n{log}") from None
+            raise StartFailed(f"{err}; log:\n{log}") from None
         return self
 
     def _ready(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            raise Unavailable(f"prometheus exited with {self.proc.returncode}:\n{self.log()}")
+            raise StartFailed(f"prometheus exited with {self.proc.returncode}:\n{self.log()}")
         try:
             ctx = None
             if self.scheme == "https":
