@@ -36,8 +36,9 @@ RETRIES = 1
 PROBE = ProbeSettings.model_validate({"timeoutSeconds": TIMEOUT, "connectTimeoutSeconds": 1.0, "retries": RETRIES})
 # A behavioural bound, not a speed target: the budget covers every attempt; one second of slack.
 PROBE_BOUND = TIMEOUT * (1 + RETRIES) + 1.0
-FAULTS = ["hang", "reset", "e401", "e403", "e404", "e500", "e503", "badjson", "huge", "hugechunked", "slow"]
-TRANSIENT = {"reset", "e503"}  # retried: at most 1 + retries attempts; every other fault: one
+FAULTS = ["hang", "reset", "e401", "e403", "e404", "e500", "e502", "e503", "e504", "badjson", "huge", "hugechunked",
+          "slow"]
+TRANSIENT = {"reset", "e502", "e503", "e504"}  # retried: at most 1 + retries attempts; every other fault: one
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +91,28 @@ def test_a_valid_answer_from_the_same_server_is_read(faulty: FaultyServer) -> No
     assert parse_jupyter(answer).summary["kernels"] == 0
     answer, _, _ = run_probe("codeServer", faulty.url("cs-ok"))
     assert not parse_code_server(answer).connected
+
+
+@pytest.mark.parametrize(("status", "attempts"), [(502, 3), (503, 3), (504, 3), (500, 1), (404, 1)])
+def test_only_502_503_504_are_tried_again(faulty: FaultyServer, status: int, attempts: int) -> None:
+    """A gateway error (502, 504) or 503 is tried 1 + retries times, each try a request the server
+    counts; any other status is asked once. The budget leaves every retry room on a loaded machine."""
+    settings = ProbeSettings.model_validate({"timeoutSeconds": 30, "connectTimeoutSeconds": 5, "retries": 2})
+    segment = f"retry{len(faulty.seen)}-e{status}"
+
+    async def go() -> tuple[Any, Call]:
+        fetcher = Fetcher.open(settings, 1)
+        try:
+            return await fetcher.get_json(faulty.url(segment) + "api/status")
+        finally:
+            await fetcher.close()
+
+    answer, call = asyncio.run(go())
+    assert answer == {"error": f"HTTP {status}"}
+    assert (call.status, call.attempts) == (status, attempts), call
+    with faulty.lock:
+        seen = [s.path for s in faulty.seen if s.path.startswith(f"/{segment}/")]
+    assert seen == [f"/{segment}/api/status"] * attempts
 
 
 @pytest.mark.parametrize("fault", ["huge", "hugechunked"])
