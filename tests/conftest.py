@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from need import missing
 
 from kf_culler.testing.target import KubeTarget, Unavailable, open_target
 
@@ -23,7 +24,7 @@ def kube() -> Iterator[KubeTarget]:
         with open_target() as target:
             yield target
     except Unavailable as why:
-        pytest.skip(f"no Kubernetes API server available: {why}")
+        missing("a Kubernetes API server", why)
 
 
 @pytest.fixture()

@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from need import missing
 
 from kf_culler.config import ProbeSettings
 from kf_culler.readings import Unreadable, parse_code_server
@@ -39,7 +40,7 @@ def code_server_exe() -> Path:
     try:
         return executable()
     except Unavailable as why:
-        pytest.skip(f"code-server cannot be installed here: {why}")
+        missing("code-server", why)
 
 
 @pytest.fixture()

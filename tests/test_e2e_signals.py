@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from need import missing
 
 from kf_culler.config import load_mapping
 from kf_culler.model import STOP_ANNOTATION
@@ -38,13 +39,13 @@ def world(api: Any, namespace: str) -> Iterator[dict[str, Any]]:
     try:
         code = CodeServer()
     except NoCodeServer as why:
-        pytest.skip(f"code-server cannot be installed here: {why}")
+        missing("code-server", why)
     with Router() as router, Exposition(dcgm_exposition(gpus)) as exp, code, \
             JupyterServer(namespace, "jup-gpu-busy") as jup:
         try:
             prom = Prometheus([static_job("dcgm", [exp.stub.address], honor_labels=True)]).start()
         except Unavailable as why:
-            pytest.skip(f"no Prometheus: {why}")
+            missing("Prometheus", why)
         try:
             jup.start_kernel()
             router.add("notebook", namespace, "jup-gpu-busy", f"http://127.0.0.1:{jup.port}", strip=False)

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from need import missing
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
@@ -51,7 +52,7 @@ STOP_KEYS = {STOP_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_AT_ANNOTATION, STAT
 def cluster() -> Iterator[LocalCluster]:
     """A control plane of this module's own: its API server is killed and restarted here."""
     if shutil.which("go") is None and not (Path.home() / ".cache/kf-culler/bin").exists():
-        pytest.skip("no Go toolchain to build kube-apiserver/etcd and no cached binaries")
+        missing("kube-apiserver and etcd", "no Go toolchain to build them and no cached binaries")
     c = LocalCluster()
     try:
         c.start()

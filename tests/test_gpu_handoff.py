@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from need import missing
 
 from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
 from kf_culler.plan import EVENT_STOP
@@ -41,7 +42,7 @@ def cluster() -> Iterator[LocalCluster]:
             start_controller(c, binary)
             yield c
     except (Unavailable, NotebookControllerUnavailable) as why:
-        pytest.skip(str(why))
+        missing("the full local cluster with Kubeflow's notebook-controller", why)
 
 
 def _events(scenario: GpuHandoff, name: str) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from need import missing
 from prometheus_client.parser import text_string_to_metric_families
 
 from kf_culler.config import PrometheusSettings
@@ -58,7 +59,7 @@ def prometheus_binary() -> str:
     try:
         return ensure_prometheus()
     except Unavailable as why:
-        pytest.skip(f"no Prometheus: {why}")
+        missing("Prometheus", why)
 
 
 def gpu(i: int, util: float, mem: float, key: tuple[str, str] | None, node: str = "gpu-node-1",

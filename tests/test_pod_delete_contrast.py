@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from need import missing
 
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.testing.cluster import GPU_NODE, LocalCluster, NotebookControllerUnavailable
@@ -36,7 +37,7 @@ def cluster() -> Iterator[LocalCluster]:
         with open_full_cluster() as c:
             yield c
     except Unavailable as why:
-        pytest.skip(str(why))
+        missing("the full local cluster", why)
 
 
 @pytest.fixture(params=["statefulset", "notebook"])
@@ -45,7 +46,7 @@ def via(request: pytest.FixtureRequest, cluster: LocalCluster) -> str:
         try:
             start_controller(cluster)
         except NotebookControllerUnavailable as why:
-            pytest.skip(str(why))
+            missing("Kubeflow's notebook-controller", why)
     return str(request.param)
 
 

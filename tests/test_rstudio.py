@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from need import missing
 from prometheus_client.parser import text_string_to_metric_families
 
 from kf_culler.config import PrometheusSettings, RStudioSettings, load_mapping
@@ -140,7 +141,7 @@ def world() -> Iterator[tuple[Prometheus, Cluster]]:
     try:
         binary = ensure_prometheus()
     except Unavailable as why:
-        pytest.skip(f"no Prometheus: {why}")
+        missing("Prometheus", why)
     c = Cluster()
     c.set_cpu(BUSY, "rs-busy", 1.2)               # R computing
     c.set_cpu(BUSY, "istio-proxy", 0.01)

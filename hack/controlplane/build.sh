@@ -13,6 +13,8 @@
 #   KF_CULLER_KWOK_VERSION kwok release to build             (default: versions.env)
 #   KF_CULLER_NBC_VERSION  notebook-controller pseudo-version (default: the v1.11.0 commit)
 #   KF_CULLER_BIN_DIR      where binaries go (default ~/.cache/kf-culler/bin/<k8s-version>)
+#   KF_CULLER_NOTEBOOK_CONTROLLER_SRC  notebook-controller source tree, used when the Go module proxy does
+#                          not serve the module (default: ../shared/vendor/kubeflow-notebook-controller-v1.11.0)
 #
 # Idempotent: a binary that is already present with a matching .version stamp is not rebuilt.
 # Prints the directory holding the binaries as its last line.
@@ -144,19 +146,34 @@ build_kwok() {
   stamp kwok "$KWOK_VERSION"
 }
 
+# Kubeflow's notebook-controller: from the Go module proxy where it is served; else from a source tree,
+# KF_CULLER_NOTEBOOK_CONTROLLER_SRC or the unmodified upstream copy in ../shared/vendor (read-only, so the
+# build runs in a copy). Its dependencies come from the proxy either way.
+NBC_VENDORED=$(cd "$here/../.." && pwd)/../shared/vendor/kubeflow-notebook-controller-v1.11.0
+
 build_nbc() {
   local mod=github.com/kubeflow/notebooks/components/notebook-controller
   local ver=${NBC_VERSION:-$(cat "$here/notebook-controller.version")}
   have notebook-controller "$ver" && { log "notebook-controller $ver: cached"; return; }
   local dir="$BUILD_ROOT/notebook-controller-$ver"
-  log "notebook-controller $ver: building"
-  served "$mod@$ver" || die "the Go module proxy did not serve $mod@$ver (see the error above)"
   rm -rf "$dir" && mkdir -p "$dir"
-  (cd "$dir" && go mod init kfculler.local/nbc >/dev/null 2>&1 \
-     && go mod edit -require="$mod@$ver" \
-     && printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$mod" > tools.go \
-     && go mod tidy >&2 \
-     && timed go build -trimpath -o "$BIN_DIR/notebook-controller" "$mod")
+  if served "$mod@$ver" 2>/dev/null; then
+    log "notebook-controller $ver: building from the Go module proxy"
+    (cd "$dir" && go mod init kfculler.local/nbc >/dev/null 2>&1 \
+       && go mod edit -require="$mod@$ver" \
+       && printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$mod" > tools.go \
+       && go mod tidy >&2 \
+       && timed go build -trimpath -o "$BIN_DIR/notebook-controller" "$mod")
+  else
+    local src=${KF_CULLER_NOTEBOOK_CONTROLLER_SRC:-$NBC_VENDORED}
+    [ -f "$src/go.mod" ] || die "the Go module proxy does not serve $mod@$ver and there is no source tree at $src
+  (set KF_CULLER_NOTEBOOK_CONTROLLER_SRC to a checkout of kubeflow/notebooks components/notebook-controller
+  at v1.11.0, or give a built binary with KF_CULLER_NOTEBOOK_CONTROLLER)"
+    grep -q "^module $mod\$" "$src/go.mod" || die "$src/go.mod is not the module $mod"
+    log "notebook-controller $ver: the Go module proxy does not serve it; building from the source in $src"
+    cp -r "$src/." "$dir/" && chmod -R u+w "$dir"
+    (cd "$dir" && timed go build -trimpath -o "$BIN_DIR/notebook-controller" .)
+  fi
   stamp notebook-controller "$ver"
 }
 
