@@ -60,86 +60,102 @@ def code_server(status: str, beat_ms: int) -> dict[str, Any]:
 
 T10 = 1795946400000  # 2026-11-29T10:00:00Z in ms
 
-CASES: list[tuple[str, dict[str, Any], str, str]] = [
+CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
     ("busy kernel, GPU metrics missing", {JUP: busy_jupyter(), "observations__gpu": {"error": "down"}},
-     "keep", "active"),
-    ("busy kernel on an idle GPU counts when the policy says nothing", {JUP: busy_jupyter()}, "keep", "active"),
+     "keep", "active", "5-positive-evidence"),
+    ("busy kernel on an idle GPU counts when the policy says nothing", {JUP: busy_jupyter()},
+     "keep", "active", "5-positive-evidence"),
     ("busy kernel stops counting after the GPU idled long enough",
-     {JUP: busy_jupyter(), "config__busyKernelGpuIdleMinutes": 60}, "stop", "idle"),
+     {JUP: busy_jupyter(), "config__busyKernelGpuIdleMinutes": 60}, "stop", "idle", "10-idle"),
     ("busy kernel counts while the GPU idled less than the limit",
-     {JUP: busy_jupyter(), "config__busyKernelGpuIdleMinutes": 600}, "keep", "active"),
-    ("utilisation without memory is no work", {"observations__gpu": gpu_series(90, 0)}, "stop", "idle"),
-    ("memory without utilisation is an idle GPU", {"observations__gpu": gpu_series(0, 30000)}, "stop", "idle"),
-    ("GPU work in the latest sample", {"observations__gpu": gpu_series(50, 1000)}, "keep", "active"),
+     {JUP: busy_jupyter(), "config__busyKernelGpuIdleMinutes": 600}, "keep", "active", "5-positive-evidence"),
+    ("utilisation without memory is no work", {"observations__gpu": gpu_series(90, 0)}, "stop", "idle", "10-idle"),
+    ("memory without utilisation is an idle GPU", {"observations__gpu": gpu_series(0, 30000)},
+     "stop", "idle", "10-idle"),
+    ("GPU work in the latest sample", {"observations__gpu": gpu_series(50, 1000)},
+     "keep", "active", "5-positive-evidence"),
     ("GPU notebook without GPU metrics, IDE idle past the limit", {"observations__gpu": {"error": "no series"}},
-     "keep", "no-signal"),
-    ("GPU notebook without GPU metrics asked", {"observations__gpu": DELETE}, "keep", "no-signal"),
+     "keep", "no-signal", "6-no-signal"),
+    ("GPU notebook without GPU metrics asked", {"observations__gpu": DELETE}, "keep", "no-signal", "6-no-signal"),
     ("GPU metrics missing but IDE active inside the window: kept, never stopped on half the evidence",
      {"observations__gpu": {"error": "x"}, f"{JUP}__status__last_activity": "2026-11-29T11:50:00Z"},
-     "keep", "idle"),
-    ("empty GPU answer is no signal", {"observations__gpu": {"samples": []}}, "keep", "no-signal"),
+     "keep", "idle", "6-half-evidence"),
+    ("empty GPU answer is no signal", {"observations__gpu": {"samples": []}}, "keep", "no-signal", "6-no-signal"),
     ("one unreadable GPU sample makes the whole answer unreadable",
      {"observations__gpu": {"samples": [*GPU_IDLE["samples"], {"time": "bad", "utilPercent": 0,
-                                                                "memoryUsedMiB": 0}]}}, "keep", "no-signal"),
-    ("exempt", {f"{ANN}__notebook-culler.io/exempt": "true"}, "keep", "exempt"),
+                                                                "memoryUsedMiB": 0}]}},
+     "keep", "no-signal", "6-no-signal"),
+    ("exempt", {f"{ANN}__notebook-culler.io/exempt": "true"}, "keep", "exempt", "2-exempt"),
     ("exempt not honoured", {f"{ANN}__notebook-culler.io/exempt": "true", "config__allowExempt": False},
-     "stop", "idle"),
+     "stop", "idle", "10-idle"),
     ("stopped by another controller's lock", {f"{ANN}__kubeflow-resource-stopped": "odh-notebook-controller-lock"},
-     "keep", "stopped"),
-    ("pending pod", {"pod__status": {"phase": "Pending"}}, "keep", "starting"),
-    ("no pod", {"pod": None}, "keep", "starting"),
+     "keep", "stopped", "1-stopped"),
+    ("pending pod", {"pod__status": {"phase": "Pending"}}, "keep", "starting", "3-starting"),
+    ("no pod", {"pod": None}, "keep", "starting", "3-starting"),
     ("RStudio server without an RStudio answer", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-two"},
-     "keep", "no-signal"),
+     "keep", "no-signal", "6-no-signal"),
     ("code-server notebook: Jupyter's answer is ignored",
-     {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one"}, "keep", "no-signal"),
-    ("unknown server type", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-nine"}, "keep", "no-signal"),
-    ("future activity counts as now", {f"{JUP}__status__last_activity": "2027-01-01T00:00:00Z"}, "keep", "idle"),
+     {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one"}, "keep", "no-signal", "6-no-signal"),
+    ("unknown server type", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-nine"},
+     "keep", "no-signal", "6-no-signal"),
+    ("future activity counts as now", {f"{JUP}__status__last_activity": "2027-01-01T00:00:00Z"},
+     "keep", "idle", "10-idle"),
     ("one bad kernel timestamp makes Jupyter unreadable",
      {f"{JUP}__kernels": [{"id": "k", "name": "python3", "last_activity": "soon", "execution_state": "idle",
-                           "connections": 0}]}, "keep", "no-signal"),
-    ("connections as a string make Jupyter unreadable", {f"{JUP}__status__connections": "1"}, "keep", "no-signal"),
+                           "connections": 0}]}, "keep", "no-signal", "6-no-signal"),
+    ("connections as a string make Jupyter unreadable", {f"{JUP}__status__connections": "1"},
+     "keep", "no-signal", "6-no-signal"),
     ("no-signal policy stops after its limit",
-     {JUP: {"error": "timeout"}, "config__noSignal": {"action": "stop", "afterMinutes": 60}}, "stop", "no-signal"),
+     {JUP: {"error": "timeout"}, "config__noSignal": {"action": "stop", "afterMinutes": 60}},
+     "stop", "no-signal", "6-no-signal"),
     ("no-signal policy waits for its limit",
-     {JUP: {"error": "timeout"}, "config__noSignal": {"action": "stop", "afterMinutes": 6000}}, "keep", "no-signal"),
+     {JUP: {"error": "timeout"}, "config__noSignal": {"action": "stop", "afterMinutes": 6000}},
+     "keep", "no-signal", "6-no-signal"),
     ("a forged last-activity annotation is not evidence",
-     {f"{ANN}__notebooks.kubeflow.org/last-activity": "2026-11-29T11:59:00Z"}, "stop", "idle"),
-    ("a Jupyter client connected is kept", {f"{JUP}__status__connections": 1}, "keep", "connected"),
+     {f"{ANN}__notebooks.kubeflow.org/last-activity": "2026-11-29T11:59:00Z"}, "stop", "idle", "10-idle"),
+    ("a Jupyter client connected is kept", {f"{JUP}__status__connections": 1}, "keep", "connected", "9-connected"),
     ("connected code-server with an idle GPU reclaimed when the policy allows",
      {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one", "observations__codeServer":
-      code_server("alive", 1795953580000), "config__connectedGpuIdleMinutes": 60}, "stop", "connected"),
+      code_server("alive", 1795953580000), "config__connectedGpuIdleMinutes": 60},
+     "stop", "connected", "9-connected-gpu-idle"),
     ("code-server never connected since a start 8 h ago",
      {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
-      "observations__codeServer": code_server("expired", 0)}, "stop", "idle"),
+      "observations__codeServer": code_server("expired", 0)}, "stop", "idle", "10-idle"),
     ("code-server heartbeat recent", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
                                       "observations__codeServer": code_server("expired", T10 + 2 * 3600_000 - 60_000)},
-     "keep", "idle"),
+     "keep", "idle", "10-idle"),
     ("code-server heartbeat of the wrong type", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
                                                  "observations__codeServer": code_server("expired", "x")},  # type: ignore[arg-type]
-     "keep", "no-signal"),
+     "keep", "no-signal", "6-no-signal"),
     ("unreadable keep-until is ignored", {f"{ANN}__notebook-culler.io/keep-until": "tomorrow",
-                                          "config__maxExtendMinutes": 120}, "stop", "idle"),
+                                          "config__maxExtendMinutes": 120}, "stop", "idle", "10-idle"),
     ("keep-until in the warning window warns", {f"{ANN}__notebook-culler.io/keep-until": "2026-11-29T12:05:00Z",
                                                "config__maxExtendMinutes": 600, "config__warnMinutes": 10},
-     "warn", "idle"),
+     "warn", "idle", "10-idle"),
     ("keep-until earlier than the stop does not hasten it",
      {f"{ANN}__notebook-culler.io/keep-until": "2026-11-29T09:00:00Z", "config__maxExtendMinutes": 600,
-      f"{JUP}__status__last_activity": "2026-11-29T11:30:00Z", f"{JUP}__kernels": []}, "keep", "idle"),
+      f"{JUP}__status__last_activity": "2026-11-29T11:30:00Z", f"{JUP}__kernels": []}, "keep", "idle", "10-idle"),
     ("a namespace override applies", {"config__namespaceOverrides": {"team-a": {"idleMinutes": 600}}},
-     "keep", "idle"),
+     "keep", "idle", "10-idle"),
     ("CPU notebook with a GPU answer from nowhere still decides on the IDE",
      {"pod__spec__containers": [{"name": "c", "resources": {}}],
       "notebook__spec__template__spec__containers": [{"name": "c", "resources": {}}],
-      "observations__gpu": {"error": "no series"}}, "stop", "idle"),
+      "observations__gpu": {"error": "no series"}}, "stop", "idle", "10-idle"),
 ]
 
 
-@pytest.mark.parametrize("title,changes,action,state", CASES, ids=[c[0] for c in CASES])
-def test_rule_table(title: str, changes: dict[str, Any], action: str, state: str) -> None:
+@pytest.mark.parametrize("title,changes,action,state,rule", CASES, ids=[c[0] for c in CASES])
+def test_rule_table(title: str, changes: dict[str, Any], action: str, state: str, rule: str) -> None:
     v = verdict_for_document(scenario(**changes)).to_dict()
-    assert (v["action"], v["state"]) == (action, state), v["reason"]
+    assert (v["action"], v["state"], v["rule"]) == (action, state, rule), v["reason"]
     if action != "keep":
         assert v["reason"]
+
+
+def test_the_table_names_every_rule_a_verdict_can_carry() -> None:
+    """`rule` is public (a metrics label, Events): each id appears in the table at least once."""
+    assert {c[4] for c in CASES} == {"1-stopped", "2-exempt", "3-starting", "5-positive-evidence", "6-no-signal",
+                                     "6-half-evidence", "9-connected", "9-connected-gpu-idle", "10-idle"}
 
 
 def test_reason_names_both_idle_signals_for_code_server() -> None:
