@@ -12,7 +12,8 @@
 #                            $XDG_CACHE_HOME/kf-culler/webapp/v1.11.0/venv
 #
 # The virtualenv is separate from kf-culler's environment: the backend pins kubernetes==34.1.0. It gets
-# the requirements of common-backend/setup.py and jupyter-backend/requirements.txt from PyPI, and
+# the requirements of common-backend/setup.py and jupyter-backend/requirements.txt from PyPI (with
+# gunicorn's gevent extra, for upstream's gevent workers), and
 # common-backend itself (the `kubeflow` package; its setup.py says Python >= 3.12, it runs on 3.11, so it
 # is installed with --ignore-requires-python). The source is read-only (CI): pip works on a copy.
 # The web app itself (jupyter-backend/) is not installed: kf_culler.testing.webapp runs it from a copy.
@@ -26,6 +27,9 @@ dir="${XDG_CACHE_HOME:-${HOME}/.cache}/kf-culler/webapp/${version}"
 venv="${dir}/venv"
 marker="${dir}/.installed"
 python="${KF_CULLER_WEBAPP_PYTHON:-python3}"
+# Upstream runs the backend as `gunicorn --worker-class=gevent` (jupyter-backend/Makefile); gunicorn's
+# gevent worker needs its "gevent" extra (gevent and packaging), which requirements.txt does not name.
+extra=('gunicorn[gevent]')
 
 say() { printf 'webapp-install: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -39,7 +43,7 @@ done
 # What the install is made of: a different source or Python means a new install.
 fingerprint() {
   {
-    printf '%s\n' "${version}"
+    printf '%s\n' "${version}" "${extra[@]}"
     "${python}" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || printf 'no-python\n'
     cat "${src}/common-backend/setup.py" "${src}/jupyter-backend/requirements.txt"
   } | sha256sum | cut -d' ' -f1
@@ -81,13 +85,14 @@ chmod -R u+w "${work}"
 
 say "installing jupyter-backend/requirements.txt and common-backend (the kubeflow package) with its requirements from PyPI"
 "${pip[@]}" install --quiet --ignore-requires-python \
-  -r "${src}/jupyter-backend/requirements.txt" "${work}/common-backend" >&2 \
+  -r "${src}/jupyter-backend/requirements.txt" "${extra[@]}" "${work}/common-backend" >&2 \
   || die "pip install failed (see pip's message above)"
 
 # The backend runs as gunicorn entrypoint:app; check what it imports at start.
 "${venv}/bin/python" - >&2 <<'PY' || die "the installed virtualenv is incomplete (see above)"
 import importlib.metadata as md
 import cachetools, flask, flask_cors, gevent, gunicorn, kubernetes, prometheus_flask_exporter  # noqa: F401
+import gunicorn.workers.ggevent  # noqa: F401
 import kubeflow.kubeflow  # noqa: F401
 assert md.version("kubernetes") == "34.1.0", md.version("kubernetes")
 print("webapp-install: kubeflow %s, kubernetes %s, Flask %s, gunicorn %s"
