@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -44,7 +45,15 @@ def test_run_records_a_trace_that_replays(kube: KubeTarget, api: Any, namespace:
     assert jupyter["kernels"][0]["execution_state"] == "idle"
     assert got[0].pod is not None and got[0].truth is None
 
-    replay = subprocess.run([sys.executable, "-m", "kf_culler", "replay", str(trace)], capture_output=True,
-                            text=True, timeout=120)
+    replay = subprocess.run([sys.executable, "-m", "kf_culler", "replay", str(trace), "--config", str(cfg),
+                             "--format", "json"], capture_output=True, text=True, timeout=120)
     assert replay.returncode == 0, replay.stderr[-2000:]
-    assert "GPU-hours" in replay.stdout or "gpu" in replay.stdout.lower()
+    summary = json.loads(replay.stdout)
+    # What was recorded: one notebook, two passes, no GPU, no ground truth (a real cluster has none).
+    assert (summary["trace"]["notebooks"], summary["trace"]["records"]) == (1, 2), summary["trace"]
+    assert summary["replay"]["truthKnown"] is False
+    assert summary["gpuHoursWithoutCuller"] == 0
+    # The recorded policy (idle limit 600 min) decides the notebook at each of the two records and,
+    # with a kernel idle for seconds, neither warns nor stops.
+    [policy] = summary["policies"]
+    assert (policy["checks"], policy["stops"], policy["warnings"]) == (2, 0, 0), policy
