@@ -14,10 +14,13 @@ from kf_culler.config import Policy
 from kf_culler.model import (
     EXEMPT_ANNOTATION,
     KEEP_UNTIL_ANNOTATION,
+    RESTARTED_AT_ANNOTATION,
     SERVER_SOURCES,
     SERVER_TYPE_ANNOTATION,
     SOURCES,
     STOP_ANNOTATION,
+    STOPPED_BY_ANNOTATION,
+    STOPPED_BY_VALUE,
     InputError,
     Verdict,
 )
@@ -96,12 +99,24 @@ def server_type(notebook: dict[str, Any], policy: Policy) -> str:
 
 
 def _pod_start(pod: dict[str, Any] | None) -> datetime | None:
+    """When the pod started running; None when it is not running, or is being deleted (a stopped
+    notebook's old pod can still answer for up to its termination grace)."""
     if not isinstance(pod, dict):
+        return None
+    meta = pod.get("metadata")
+    if isinstance(meta, dict) and meta.get("deletionTimestamp"):
         return None
     status = pod.get("status")
     if not isinstance(status, dict) or status.get("phase") != "Running":
         return None
     return parse_time(status.get("startTime"))
+
+
+def _restarted_at(ann: dict[str, Any], now: datetime) -> datetime | None:
+    """When the culler saw the notebook started again after its own stop; a time in the future is
+    not one the culler wrote, and is ignored."""
+    t = parse_time(ann.get(RESTARTED_AT_ANNOTATION))
+    return t if t is not None and t <= now else None
 
 
 def _minutes(seconds: float) -> str:
@@ -169,17 +184,29 @@ def decide(
     if policy.allow_exempt and str(ann.get(EXEMPT_ANNOTATION, "")).strip().lower() == "true":
         return plain("keep", "exempt",
                      f"The notebook is exempt from idle culling ({EXEMPT_ANNOTATION}: \"true\").", "2-exempt")
-    # Rule 3: starting.
+    # Rule 3: starting. A notebook this culler stopped whose stop annotation is gone was started again
+    # by its user, whatever its old pod is still doing: the grace counts from the restart.
+    grace = _minutes(policy.startup_grace_minutes * 60)
+    if ann.get(STOPPED_BY_ANNOTATION) == STOPPED_BY_VALUE:
+        return plain("keep", "starting",
+                     f"The notebook was started again; idle culling waits {grace} after a start.", "3-restarted")
     started = _pod_start(pod)
     if started is None:
-        why = "has no pod yet" if pod is None else "has no running pod yet (it may be waiting for a GPU)"
+        meta = pod.get("metadata") if pod is not None else None
+        why = ("has no pod yet" if pod is None
+               else "has no running pod yet: the old one is still shutting down"
+               if isinstance(meta, dict) and meta.get("deletionTimestamp")
+               else "has no running pod yet (it may be waiting for a GPU)")
         return plain("keep", "starting", f"The notebook {why}.", "3-starting")
     started = min(started, now)
+    restarted = _restarted_at(ann, now)
+    if restarted is not None and restarted > started:
+        started = restarted
     grace_end = add_minutes(started, policy.startup_grace_minutes)
     if now < grace_end:
         return plain("keep", "starting",
                      f"The notebook started {_minutes((now - started).total_seconds())} ago; idle culling "
-                     f"waits {_minutes(policy.startup_grace_minutes * 60)} after a start.", "3-starting")
+                     f"waits {grace} after a start.", "3-starting")
 
     # Rule 4: the IDE's own source; answers of the others about the IDE are ignored.
     ide_key = SERVER_SOURCES.get(stype)

@@ -11,6 +11,7 @@ from kf_culler.model import (
     LAST_ACTIVITY_ANNOTATION,
     OWN_ANNOTATIONS,
     REASON_ANNOTATION,
+    RESTARTED_AT_ANNOTATION,
     STATE_ANNOTATION,
     STOP_ANNOTATION,
     STOPPED_AT_ANNOTATION,
@@ -62,9 +63,10 @@ def plan(notebook: dict[str, Any], verdict: Verdict, now: datetime, step_minutes
     if original.get(STOPPED_BY_ANNOTATION) == STOPPED_BY_VALUE:
         # The user started the notebook again (the stop annotation is gone): clear our stale marks.
         out.update({k: None for k in OWN_ANNOTATIONS if k in original})
+        out[RESTARTED_AT_ANNOTATION] = format_time(now)
         ann = {k: v for k, v in original.items() if k not in OWN_ANNOTATIONS}
         event = EventSpec("Normal", EVENT_RESTART,
-                          "The notebook was started again; the idle clock starts from its new start.")
+                          "The notebook was started again; the idle clock and the start-up grace count from now.")
 
     def describe() -> None:
         out[STATE_ANNOTATION] = verdict.state
@@ -78,6 +80,7 @@ def plan(notebook: dict[str, Any], verdict: Verdict, now: datetime, step_minutes
             STOPPED_BY_ANNOTATION: STOPPED_BY_VALUE,
             STOPPED_AT_ANNOTATION: format_time(now),
             WARNED_AT_ANNOTATION: None,
+            RESTARTED_AT_ANNOTATION: None,
         })
         if trace_id:
             out[TRACE_ANNOTATION] = trace_id
