@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -197,13 +199,18 @@ def test_collector_down_never_holds_up_the_cycle(api: Any, namespace: str,
 
 def test_otlp_spans_arrive_at_a_receiver(kube: KubeTarget, api: Any, namespace: str, tmp_path: Path,
                                          fleet: tuple[Router, Prometheus]) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
     router, _ = fleet
-    received: list[int] = []
+    received: list[bytes] = []
     loop = asyncio.new_event_loop()
     port = free_port()
 
     async def handler(request: web.Request) -> web.Response:
-        received.append(len(await request.read()))
+        body = await request.read()
+        if request.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        received.append(body)
         return web.Response(status=200, body=b"", content_type="application/x-protobuf")
 
     holder: dict[str, web.AppRunner] = {}
@@ -230,4 +237,44 @@ def test_otlp_spans_arrive_at_a_receiver(kube: KubeTarget, api: Any, namespace: 
         asyncio.run_coroutine_threadsafe(holder["r"].cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert received and sum(received) > 0
+    assert received, "no export request reached the receiver"
+    services: set[str] = set()
+    spans: list[tuple[str, dict[str, Any], bytes, bytes, bytes]] = []  # name, attributes, trace, id, parent
+    for body in received:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)  # raises on anything that is not OTLP protobuf
+        for resource_spans in request.resource_spans:
+            services |= {a.value.string_value for a in resource_spans.resource.attributes
+                         if a.key == "service.name"}
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    attrs = {a.key: getattr(a.value, a.value.WhichOneof("value") or "string_value")
+                             for a in span.attributes}
+                    spans.append((span.name, attrs, span.trace_id, span.span_id, span.parent_span_id))
+    assert services == {"kf-culler"}
+    names = [name for name, *_ in spans]
+    assert names.count("kf_culler.cycle") == 1 and names.count("kf_culler.gather") == 1
+    (cycle,) = [s for s in spans if s[0] == "kf_culler.cycle"]
+    assert cycle[1]["kf_culler.notebooks"] == 2 and cycle[1]["kf_culler.interrupted"] is False
+    notebooks = {s[1]["kf_culler.notebook"]: s for s in spans if s[0] == "kf_culler.notebook"}
+    assert set(notebooks) == {"cpu-nb", "gpu-nb"}
+    for name, (_, attrs, trace_id, span_id, parent) in notebooks.items():
+        assert (trace_id, parent) == (cycle[2], cycle[3]), name  # a child of the pass's span
+        assert attrs["k8s.namespace.name"] == namespace and attrs["kf_culler.server_type"] == "jupyter"
+        probes = [s[1] for s in spans if s[0] == "kf_culler.probe" and s[4] == span_id]
+        # Jupyter's three endpoints of this notebook, each read at the first attempt
+        paths = sorted(urllib.parse.urlsplit(p["url.full"]).path for p in probes)
+        assert [x.rsplit("/", 2)[-2:] for x in paths] == [["api", "kernels"], ["api", "status"],
+                                                          ["api", "terminals"]], paths
+        assert all(f"/{namespace}/{name}/" in x for x in paths), paths
+        assert all(p["kf_culler.source"] == "jupyter" and p["http.response.status_code"] == 200
+                   and p["kf_culler.attempts"] == 1 and p["kf_culler.probe_error"] == "" for p in probes)
+    # No Prometheus in this configuration: the CPU notebook is idle under its 600-minute limit; the GPU
+    # notebook's IDE is idle inside that window too, but without GPU metrics it rests on half the
+    # evidence (rule 6). A dry run: no apply span.
+    cpu, gpu = notebooks["cpu-nb"][1], notebooks["gpu-nb"][1]
+    assert (cpu["kf_culler.action"], cpu["kf_culler.state"], cpu["kf_culler.rule"]) == ("keep", "idle", "10-idle")
+    assert (gpu["kf_culler.action"], gpu["kf_culler.state"], gpu["kf_culler.rule"]) == \
+        ("keep", "idle", "6-half-evidence")
+    assert cpu["kf_culler.gpus"] == 0 and gpu["kf_culler.gpus"] == 1
+    assert "kf_culler.apply" not in names
