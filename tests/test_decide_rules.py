@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,10 @@ CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
      "stop", "idle", "10-idle"),
     ("stopped by another controller's lock", {f"{ANN}__kubeflow-resource-stopped": "odh-notebook-controller-lock"},
      "keep", "stopped", "1-stopped"),
+    ("stopped by the culler, then started again by its user (stop annotation gone)",
+     {f"{ANN}__notebook-culler.io/stopped-by": "kf-culler"}, "keep", "starting", "3-restarted"),
+    ("stopped-by naming someone else is not a restart by our mark",
+     {f"{ANN}__notebook-culler.io/stopped-by": "someone-else"}, "stop", "idle", "10-idle"),
     ("pending pod", {"pod__status": {"phase": "Pending"}}, "keep", "starting", "3-starting"),
     ("no pod", {"pod": None}, "keep", "starting", "3-starting"),
     ("RStudio server without an RStudio answer", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-two"},
@@ -153,9 +158,14 @@ def test_rule_table(title: str, changes: dict[str, Any], action: str, state: str
 
 
 def test_the_table_names_every_rule_a_verdict_can_carry() -> None:
-    """`rule` is public (a metrics label, Events): each id appears in the table at least once."""
-    assert {c[4] for c in CASES} == {"1-stopped", "2-exempt", "3-starting", "5-positive-evidence", "6-no-signal",
-                                     "6-half-evidence", "9-connected", "9-connected-gpu-idle", "10-idle"}
+    """`rule` is public (a metrics label, Events): every rule id decide.py can return appears in the table,
+    so a new rule without a table case fails here."""
+    import kf_culler.decide
+
+    source = Path(kf_culler.decide.__file__).read_text(encoding="utf-8")
+    in_decide = set(re.findall(r'"(\d+-[a-z]+(?:-[a-z]+)*)"', source))
+    assert {"1-stopped", "3-starting", "6-no-signal", "10-idle"} <= in_decide  # the pattern finds them
+    assert {c[4] for c in CASES} == in_decide
 
 
 def test_reason_names_both_idle_signals_for_code_server() -> None:
