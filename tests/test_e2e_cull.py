@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from kf_culler.config import Settings, load_mapping
+from kf_culler.cycle import Cycle, utcnow
 from kf_culler.model import (
     REASON_ANNOTATION,
     STATE_ANNOTATION,
@@ -18,11 +20,12 @@ from kf_culler.model import (
     STOPPED_BY_ANNOTATION,
     WARNED_AT_ANNOTATION,
 )
-from kf_culler.plan import EVENT_RESTART, EVENT_STOP
+from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
 from kf_culler.runner import Runner
 from kf_culler.testing import objects as obj
 from kf_culler.testing.jupyter import JupyterServer
 from kf_culler.testing.router import Router
+from kf_culler.timeutil import format_time
 
 pytestmark = pytest.mark.cluster
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -40,6 +43,18 @@ def settings_for(router: Router, namespace: str, **extra: Any) -> Settings:
         "idleMinutes": 0.05, "warnMinutes": 0, "startupGraceMinutes": 10,
         "urls": {"jupyter": router.template("notebook")},
         "probe": {"timeoutSeconds": 5}, "lastActivityStepMinutes": 10, **extra}, "test")
+
+
+@dataclass
+class ClockedRunner(Runner):
+    """A Runner whose passes read the time from `clock`: the test sets `now` for every pass."""
+
+    clock: Callable[[], datetime] = utcnow
+
+    def build_cycle(self) -> Cycle:
+        cycle = super().build_cycle()
+        cycle.clock = self.clock
+        return cycle
 
 
 def wait_cache(runner: Runner, ns: str, name: str, pred: Any, timeout: float = 20) -> None:
@@ -166,16 +181,27 @@ def test_restart_clears_our_marks_and_restarts_the_grace(api: Any, namespace: st
 
 
 def test_warn_then_stop(api: Any, namespace: str, router: Router, servers: dict[str, JupyterServer]) -> None:
+    """Idle limit 10 min with a 5-minute warning, passes at chosen times: keep, warn (one Event), warn
+    again (no second Event), stop. The clock is injected, so a slow machine cannot skip the window."""
     make(api, namespace, "nb-idle")
-    runner = Runner(settings_for(router, namespace, idleMinutes=0.25, warnMinutes=0.2), api)
+    now = [datetime.now(UTC)]
+    runner = ClockedRunner(settings_for(router, namespace, idleMinutes=10, warnMinutes=5), api,
+                           clock=lambda: now[0])
     with runner:
-        deadline = time.monotonic() + 40
-        actions: list[str] = []
-        while time.monotonic() < deadline and "stop" not in actions:
-            actions.append(runner.once().results[0].verdict.action)
-            time.sleep(0.5)
-    assert "warn" in actions and actions[-1] == "stop"
-    reasons = [e.reason for e in obj.events_for(api, namespace, "nb-idle")]
-    assert reasons.count("IdleNotebookWarning") == 1 and reasons.count(EVENT_STOP) == 1
-    ann = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
-    assert WARNED_AT_ANNOTATION not in ann and STOP_ANNOTATION in ann
+        first = runner.once().results[0].verdict
+        assert (first.action, first.state, first.rule) == ("keep", "idle", "10-idle"), first.reason
+        assert first.idle_since is not None  # the Jupyter server's own last activity, seconds ago
+        verdicts = [first]
+        for minutes in (6, 8, 11):  # inside the warning (5..10 min idle) twice, then past the limit
+            now[0] = first.idle_since + timedelta(minutes=minutes)
+            verdicts.append(runner.once().results[0].verdict)
+            reasons = [e.reason for e in obj.events_for(api, namespace, "nb-idle")]
+            ann = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
+            if minutes < 10:
+                assert reasons == [EVENT_WARN], (minutes, reasons)
+                assert WARNED_AT_ANNOTATION in ann and STOP_ANNOTATION not in ann, (minutes, ann)
+    assert [(v.action, v.state) for v in verdicts] == [("keep", "idle"), ("warn", "idle"), ("warn", "idle"),
+                                                       ("stop", "idle")], [v.reason for v in verdicts]
+    assert reasons == [EVENT_WARN, EVENT_STOP]
+    assert WARNED_AT_ANNOTATION not in ann
+    assert ann[STOP_ANNOTATION] == format_time(now[0])  # the stop is stamped with the pass's own time
