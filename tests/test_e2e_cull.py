@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -13,7 +14,9 @@ import pytest
 
 from kf_culler.config import Settings, load_mapping
 from kf_culler.cycle import Cycle, utcnow
+from kf_culler.metrics import Metrics
 from kf_culler.model import (
+    LAST_ACTIVITY_ANNOTATION,
     REASON_ANNOTATION,
     STATE_ANNOTATION,
     STOP_ANNOTATION,
@@ -22,6 +25,7 @@ from kf_culler.model import (
 )
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
 from kf_culler.runner import Runner
+from kf_culler.service import instrument
 from kf_culler.testing import objects as obj
 from kf_culler.testing.jupyter import JupyterServer
 from kf_culler.testing.router import Router
@@ -205,3 +209,60 @@ def test_warn_then_stop(api: Any, namespace: str, router: Router, servers: dict[
     assert reasons == [EVENT_WARN, EVENT_STOP]
     assert WARNED_AT_ANNOTATION not in ann
     assert ann[STOP_ANNOTATION] == format_time(now[0])  # the stop is stamped with the pass's own time
+
+
+def test_steady_passes_cost_no_writes_when_idle_one_per_step_when_active(
+        api: Any, namespace: str, router: Router, servers: dict[str, JupyterServer]) -> None:
+    """31 passes a minute apart (injected clock) over an idle notebook far below its warning time and an
+    active one (a kernel running code), lastActivityStepMinutes 10. Every write is counted where it leaves
+    the client (a PATCH of the notebook) and cross-checked with the API server's resourceVersion and the
+    kf_culler_api_writes_total metric: the idle notebook costs its first pass's write and nothing after;
+    the active one a write each time its activity has moved by the step (minutes 0, 10, 20, 30)."""
+    make(api, namespace, "nb-idle")
+    make(api, namespace, "nb-busy")
+    patches: Counter[str] = Counter()
+    other_writes: list[tuple[str, str]] = []
+    real_request = api.rest_client.request  # every call the client makes goes through it
+
+    def counting_request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if method != "GET":
+            notebook = re.search(r"/notebooks/([^/?]+)", url)
+            if method == "PATCH" and notebook:
+                patches[notebook.group(1)] += 1
+            else:
+                other_writes.append((method, url))
+        return real_request(method, url, *args, **kwargs)
+
+    api.rest_client.request = counting_request
+    start = datetime.now(UTC)
+    now = [start]
+    runner = ClockedRunner(settings_for(router, namespace, idleMinutes=600, warnMinutes=60,
+                                        lastActivityStepMinutes=10), api, clock=lambda: now[0])
+    metrics = Metrics()
+    instrument(runner, metrics)
+    versions: dict[str, list[str]] = {"nb-idle": [], "nb-busy": []}
+    per_pass: list[dict[str, int]] = []
+    with runner:
+        for minute in range(31):
+            now[0] = start + timedelta(minutes=minute)
+            before = dict(patches)
+            results = {r.name: r for r in runner.once().results}
+            assert (results["nb-idle"].verdict.action, results["nb-idle"].verdict.state) == ("keep", "idle")
+            assert (results["nb-busy"].verdict.action, results["nb-busy"].verdict.state) == ("keep", "active")
+            per_pass.append({n: patches[n] - before.get(n, 0) for n in versions})
+            for name in versions:
+                versions[name].append(obj.get_notebook(api, namespace, name)["metadata"]["resourceVersion"])
+
+    assert [p["nb-idle"] for p in per_pass] == [1] + [0] * 30
+    busy_minutes = [m for m, p in enumerate(per_pass) if p["nb-busy"]]
+    assert busy_minutes == [0, 10, 20, 30]
+    assert all(p["nb-busy"] <= 1 for p in per_pass)
+    # The API server saw exactly those writes: the object changed at those passes and at no other.
+    for name in versions:
+        changed = [m for m in range(1, 31) if versions[name][m] != versions[name][m - 1]]
+        assert changed == [m for m in range(1, 31) if per_pass[m][name]], (name, changed)
+    assert other_writes == []  # no Event, no other object written while nothing is due
+    assert metrics.registry.get_sample_value("kf_culler_api_writes_total", {"kind": "patch"}) == sum(patches.values())
+    assert metrics.registry.get_sample_value("kf_culler_api_writes_total", {"kind": "event"}) is None
+    busy = obj.get_notebook(api, namespace, "nb-busy")["metadata"]["annotations"]
+    assert busy[LAST_ACTIVITY_ANNOTATION] == format_time(start + timedelta(minutes=30))
