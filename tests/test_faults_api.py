@@ -9,9 +9,11 @@ server idle for an hour: every notebook in these tests is due to be stopped, exa
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -339,6 +341,120 @@ class SlowProxy:
         asyncio.run_coroutine_threadsafe(down(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+class SilentProxy:
+    """Where the API server should be: accepts every connection, reads what the client sends and never
+    answers (an API server that hangs). Without `tls` it does not even complete the TLS handshake; with
+    it the handshake completes and the request is read whole, then nothing comes back. Counts the
+    connections and records each request line it read."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.port = free_port()
+        self.tls = tls
+        self.connections = 0
+        self.request_lines: list[str] = []
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.append(writer)
+        try:
+            if self.tls is not None:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.request_lines.append(head.split(b"\r\n", 1)[0].decode("latin-1"))
+            while await reader.read(65536):
+                pass
+        except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+
+    def __enter__(self) -> SilentProxy:
+        self.thread.start()
+
+        async def up() -> None:
+            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, ssl=self.tls)
+
+        asyncio.run_coroutine_threadsafe(up(), self.loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def down() -> None:
+            if self._server is not None:
+                self._server.close()
+            for w in self._writers:
+                w.close()
+
+        asyncio.run_coroutine_threadsafe(down(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.mark.timeout(300)  # a guard only: without a request timeout the pass would never end
+@pytest.mark.parametrize("mode", ["no-handshake", "no-answer"])
+def test_a_hanging_api_server_fails_the_write_and_the_next_pass_writes(
+        cluster: LocalCluster, api: Any, ns: str, faulty: FaultyServer, tmp_path: Path, monkeypatch: Any,
+        mode: str) -> None:
+    """The writer's API server accepts connections and hangs, before the TLS handshake (bounded by the
+    connect timeout) or after reading the PATCH (bounded by the read timeout): each write ends `failed`
+    after one attempt, no Event is written, and the pass ends; the next pass, with the API server
+    answering, writes every stop once. The timeouts keep production's shape (connect, read), shorter so
+    that the test does not wait 30 s per write."""
+    from kubernetes import config as kube_config
+
+    from kf_culler.cycle import Cycle
+    from kf_culler.kube import writer as writer_module
+    from kf_culler.testing.pki import Authority
+
+    monkeypatch.setattr(writer_module, "REQUEST_TIMEOUT", (1.0, 2.0))
+    tls: ssl.SSLContext | None = None
+    kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
+    if mode == "no-answer":  # a server certificate the client trusts, so the handshake completes
+        ca = Authority(tmp_path)
+        serving = ca.issue("silent", "kube-apiserver", server=True)
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(serving.cert, serving.key)
+        for c in kubeconfig["clusters"]:
+            c["cluster"].pop("certificate-authority", None)
+            c["cluster"]["certificate-authority-data"] = base64.b64encode(ca.pair.cert.read_bytes()).decode()
+    names = ["nb-a", "nb-b", "nb-c"]
+    make(api, ns, *names)
+    settings = load_mapping(settings_for(faulty, ns), "test")
+    runner = Runner(settings, api)
+    with runner:
+        wait_for(lambda: cached_names(runner) == set(names), "the cache to list the notebooks")
+        with SilentProxy(tls) as proxy:
+            for c in kubeconfig["clusters"]:
+                c["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+            (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+            hanging = kube_config.new_client_from_config(config_file=str(tmp_path / "kubeconfig"))
+            assert runner.cache is not None
+            result = Cycle(settings, writer=writer_module.Writer(hanging)).run(runner.cache.snapshot())
+            connections, request_lines = proxy.connections, list(proxy.request_lines)
+        by_name = {r.name: r for r in result.results}
+        assert set(by_name) == set(names)
+        for name in names:
+            r = by_name[name]
+            assert r.verdict.action == "stop", r.verdict.reason
+            assert r.write is not None and (r.write.outcome, r.write.attempts) == ("failed", 1), r.write
+            assert r.write.event is None  # no Event for a stop that was not written
+            assert r.write.error is not None and "timed out" in r.write.error.lower(), r.write.error
+            # which timeout ended it: the handshake runs under the connect timeout, the answer under the read one
+            assert f"timeout={1.0 if mode == 'no-handshake' else 2.0}" in r.write.error, r.write.error
+            assert STOP_ANNOTATION not in notebook_annotations(api, ns, name)
+            assert stop_events(api, ns, name) == 0
+        # one write per notebook, each at most a connection plus urllib3's own connect retries (3)
+        assert len(names) <= connections <= 4 * len(names), connections
+        if mode == "no-answer":  # each PATCH was sent whole, and only the answer was missing
+            assert sorted(request_lines) == sorted(
+                f"PATCH /apis/kubeflow.org/v1/namespaces/{ns}/notebooks/{n} HTTP/1.1" for n in names)
+        again = {r.name: r for r in runner.once().results}
+    for name in names:
+        write = again[name].write
+        assert write is not None and write.outcome == "patched", write
+        assert STOP_ANNOTATION in notebook_annotations(api, ns, name) and stop_events(api, ns, name) == 1
 
 
 def kubeconfig_through(cluster: LocalCluster, port: int, path: Path) -> Path:
