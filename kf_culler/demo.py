@@ -11,6 +11,7 @@ from kf_culler.model import STOP_ANNOTATION
 from kf_culler.report import table
 from kf_culler.runner import Runner
 from kf_culler.testing import objects as obj
+from kf_culler.testing import procs
 from kf_culler.testing.cluster import LocalCluster
 from kf_culler.testing.jupyter import JupyterServer
 from kf_culler.testing.router import Router
@@ -99,8 +100,9 @@ def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0
         say("Cleaning up: stopping the culler, the Jupyter servers and the control plane ...")
         if runner is not None and runner.cache is not None:
             runner.cache.close()
+        procs.stop_all([s.proc for s in servers if s.proc is not None])
         for s in servers:
-            s.stop()
+            s.stop()  # already ended: removes its directory
         router.stop()
         cluster.stop()
         say("Done; nothing is left running.")

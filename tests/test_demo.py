@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -14,38 +15,47 @@ import pytest
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
-def leftovers() -> list[str]:
-    """Processes whose command line points into the launchers' temporary directories."""
+def leftovers(mark: str) -> list[str]:
+    """Processes that inherited the environment variable KF_CULLER_TEST_RUN=mark: everything one demo
+    run started (its components run in sessions of their own, so they are not its descendants once it
+    is gone), and nothing another test running at the same time started."""
+    needle = f"KF_CULLER_TEST_RUN={mark}".encode()
     out = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
+            if needle not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if any(mark in cmd for mark in ("kf-culler-cluster-", "kf-culler-jupyter-")):
-            out.append(f"{proc.name}: {cmd[:120]}")
+        out.append(f"{proc.name}: {cmd[:120]}")
     return out
 
 
+def demo_env() -> tuple[str, dict[str, str]]:
+    mark = uuid.uuid4().hex
+    return mark, {**os.environ, "KF_CULLER_TEST_RUN": mark}
+
+
 def test_demo_stops_the_idle_notebook_and_cleans_up() -> None:
-    before = set(leftovers())
+    mark, env = demo_env()
     done = subprocess.run([sys.executable, "-m", "kf_culler", "demo", "--idle-seconds", "8",
-                           "--warn-seconds", "4"], capture_output=True, text=True, timeout=600)
+                           "--warn-seconds", "4"], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert "kubeflow-resource-stopped:" in out and "IdleNotebookStopped" in out
     assert "IdleNotebookWarning" in out
     assert "training" in out and "active" in out
     assert "Done; nothing is left running." in out
-    assert set(leftovers()) <= before
+    assert leftovers(mark) == []
 
 
 def test_demo_interrupted_leaves_nothing_running() -> None:
-    before = set(leftovers())
+    mark, env = demo_env()
     proc = subprocess.Popen([sys.executable, "-m", "kf_culler", "demo", "--idle-seconds", "600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert proc.stdout is not None
     seen = []
     deadline = time.monotonic() + 300
@@ -55,8 +65,9 @@ def test_demo_interrupted_leaves_nothing_running() -> None:
             break
     assert any("Running the culler" in line for line in seen), "".join(seen)[-3000:]
     time.sleep(3)
+    assert any("jupyter_server" in p for p in leftovers(mark)), "the check below could not see the demo's servers"
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, rest[-2000:]
     assert "nothing is left running" in rest
-    assert set(leftovers()) <= before
+    assert leftovers(mark) == []

@@ -6,8 +6,10 @@ One thread per watched collection; a broken watch is resumed from its resourceVe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +78,15 @@ class _Collection:
         self.watch_events = 0
         self.errors = 0
         self.thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
+        self.watch: Any = None  # the watch in progress, so close() can cut its connection
+
+    def interrupt(self) -> None:
+        """Cut the connection of the watch in progress (best effort; the thread then sees `stop`)."""
+        resp = getattr(self.watch, "_resp", None)
+        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _kwargs(self) -> dict[str, Any]:
         return {"label_selector": self.selector} if self.selector else {}
@@ -101,7 +112,7 @@ class _Collection:
             try:
                 if not rv:
                     rv = self._list()
-                w = watch.Watch()
+                w = self.watch = watch.Watch()
                 for event in w.stream(self.lister, resource_version=rv, timeout_seconds=self.watch_timeout,
                                       allow_watch_bookmarks=True, deserialize=False, **self._kwargs()):
                     progressed = True
@@ -194,7 +205,11 @@ class ClusterCache:
         return all(c.synced.is_set() for c in self.notebooks + self.pods)
 
     def close(self) -> None:
+        """Stop watching: the watch threads end and their connections close now, not at their timeout
+        (an API server shutting down waits for open watches)."""
         self.stop_event.set()
+        for c in self.notebooks + self.pods:
+            c.interrupt()
 
     def snapshot(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
         """Every notebook with its pod (`<name>-0`, else any pod labelled with its name), sorted."""

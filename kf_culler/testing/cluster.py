@@ -426,9 +426,11 @@ class LocalCluster:
         time.sleep(down_seconds)
         self.start_apiserver()
 
-    def stop(self) -> None:
-        for name in reversed(list(self.procs)):
-            procs.stop(self.procs[name])
+    def stop(self, grace: float = 1.0) -> None:
+        """Stop every component at once and remove the cluster's directory. A throw-away cluster needs
+        no orderly shutdown, and kube-apiserver, told to stop, was measured still running 30 s later
+        (`procs.stop_all` on it and etcd): what is left after `grace` seconds is killed."""
+        procs.stop_all(list(reversed(self.procs.values())), grace)
         self.procs.clear()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -50,6 +50,23 @@ def stop(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None:
     _kill_group(proc.pid, signal.SIGKILL)  # stragglers in the group
 
 
+def stop_all(running: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+    """SIGTERM every process group at once, SIGKILL what is left after `grace` seconds in all, and reap:
+    shutting down a whole local cluster costs one grace period, not one per component."""
+    for proc in running:
+        if proc.poll() is None:
+            _kill_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+    for proc in running:
+        _kill_group(proc.pid, signal.SIGKILL)  # what did not end in time, and stragglers in the groups
+    for proc in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+
+
 def _kill_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
