@@ -2,8 +2,10 @@
 
 Runs on the local control plane in "full" mode (kube-apiserver, kube-controller-manager,
 kube-scheduler, kwok playing a node with one nvidia.com/gpu) with Kubeflow's notebook-controller
-(ENABLE_CULLING=false). A's Jupyter server is real and idle, B's runs a kernel that is busy; the fake
-node has no GPU to measure, so the culler is told the GPU is idle (IdleGpuMetrics).
+(ENABLE_CULLING=false). A's Jupyter server is real and idle, B's runs a kernel that is busy. The fake
+node has no GPU: its GPU is a dcgm-exporter-shaped /metrics endpoint (metric names and labels of
+dcgm-exporter's default counters, kf_culler.testing.prometheus.FakeGpu) scraped by a real Prometheus,
+which the culler queries as it would a cluster's; A's GPU reads idle, then B's reads working.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ def test_stopping_an_idle_notebook_hands_its_gpu_to_the_waiting_one(cluster: Loc
         stop = s.cull_a()
         verdict = stop.result.verdict
         assert verdict.action == "stop" and verdict.state == "idle", verdict
+        # The GPU evidence came from Prometheus, scraped from the node's dcgm-exporter-shaped endpoint.
+        gpu = verdict.evidence["gpu"]
+        assert gpu["read"] is True and gpu["samples"] >= 2, gpu
+        assert gpu["latest"]["utilPercent"] == 0 and gpu["latest"]["memoryUsedMiB"] == 0 and gpu["lastWork"] is None
+        assert "an idle GPU" in verdict.reason, verdict.reason
         assert stop.result.write is not None and stop.result.write.outcome == "patched", stop.result.write
         b_verdict = s.verdict_of(stop.cycle, "b")
         assert b_verdict is not None and b_verdict.verdict.state == "starting"  # B waits: never a candidate
@@ -75,11 +82,18 @@ def test_stopping_an_idle_notebook_hands_its_gpu_to_the_waiting_one(cluster: Loc
         times = s.wait_handoff(stop)
         print("\nGPU handoff, from the culler's decision to stop A:\n" + "\n".join(times.lines()))
         print(f"decision to B Running: {times.pod_b_running:.2f} s")
-        assert 0 <= times.statefulset_scaled <= times.pod_a_gone <= times.pod_b_bound <= times.pod_b_running
+        assert min(times.statefulset_scaled, times.pod_a_gone, times.pod_b_bound, times.pod_b_running) >= 0
+        # The order of the steps, by etcd revision (arrival times in two watch threads can cross).
+        scaled, a_gone, b_bound, b_running = times.revisions
+        assert 0 < scaled < a_gone < b_bound <= b_running, times.revisions
         assert s.replicas("a") == 0
         assert not s.pod("a-0").exists
         b_now = s.pod("b-0")
         assert b_now.phase == "Running" and b_now.node == GPU_NODE and b_now.uid == b.uid
+
+        # B's pod now holds the GPU and works on it; the culler reads that from Prometheus too.
+        s.gpu.assign("b-0", util=85, used_mib=6000)
+        s.gpu.wait_scraped("b-0")
 
         # Start A again as the Jupyter web app does: it waits for the GPU that B now holds.
         s.start_a_again()
@@ -100,6 +114,7 @@ def test_stopping_an_idle_notebook_hands_its_gpu_to_the_waiting_one(cluster: Loc
             rb = s.verdict_of(result, "b")
             assert rb is not None
             assert rb.verdict.action == "keep" and rb.verdict.state == "active", rb.verdict
+            assert rb.verdict.evidence["gpu"]["read"] is True, rb.verdict.evidence
             seen_cycles += 1
             time.sleep(0.5)
         assert seen_cycles >= 3

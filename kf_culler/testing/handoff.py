@@ -13,8 +13,11 @@ Every link but the culler is upstream code.
             stop = scenario.cull_a()         # the culler's verdict for A, and when it was taken
             times = scenario.wait_handoff(stop)
 
-The fake node has no GPU to measure, so the culler's GPU evidence comes from `IdleGpuMetrics`: the
-samples dcgm-exporter gives for an idle GPU (0 % utilisation, 0 MiB), for every pod it is asked about.
+The fake node has no GPU, so its GPU is described by a dcgm-exporter-shaped /metrics endpoint
+(`GpuNode`: the metric names and labels of dcgm-exporter's default counters, see
+kf_culler.testing.prometheus.FakeGpu) that a real Prometheus scrapes; the culler reads it the way it
+reads a cluster's Prometheus (`prometheus.url`). The GPU is assigned to A's pod and idle (0 %, 0 MiB)
+until B's pod is bound to it, then to B's pod and working.
 The Jupyter servers run on loopback; a loopback router (kf_culler.testing.router) stands in for the
 Service DNS, so the culler's usual URL template `.../notebook/{namespace}/{name}/` reaches them.
 """
@@ -27,18 +30,15 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from kf_culler.config import Settings, load_mapping
-from kf_culler.cycle import Cycle, CycleResult, NotebookResult
-from kf_culler.gather import GpuSource
+from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube import GROUP, PLURAL, VERSION
-from kf_culler.kube.writer import Writer
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.runner import Runner
 from kf_culler.testing import procs
@@ -50,8 +50,16 @@ from kf_culler.testing.cluster import (
     bin_dir,
 )
 from kf_culler.testing.jupyter import JupyterServer
+from kf_culler.testing.prometheus import (
+    Exposition,
+    FakeGpu,
+    Prometheus,
+    dcgm_exposition,
+    ensure_prometheus,
+    static_job,
+)
+from kf_culler.testing.prometheus import Unavailable as PrometheusUnavailable
 from kf_culler.testing.router import Router
-from kf_culler.timeutil import format_time
 
 log = logging.getLogger(__name__)
 IMAGE = "kubeflownotebookswg/jupyter-scipy:v1.10.0"  # never pulled: kwok plays the kubelet
@@ -122,31 +130,51 @@ def statefulset_body(namespace: str, name: str, gpus: int = 1) -> dict[str, Any]
     }
 
 
-class IdleGpuMetrics:
-    """GPU samples for pods on a node that has no GPU to measure: what dcgm-exporter reports for an
-    idle one (0 % utilisation, 0 MiB used), one sample a minute over the last `minutes`."""
+class GpuNode:
+    """The GPU node's one GPU as dcgm-exporter would report it, scraped by a real Prometheus."""
 
-    def __init__(self, minutes: int = 5) -> None:
-        self.minutes = minutes
-        self.asked: list[Key] = []
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.gpu = FakeGpu(0, "GPU-handoff-0", hostname=GPU_NODE)
+        self.exposition = Exposition(dcgm_exposition([self.gpu]))
+        self.prometheus: Prometheus | None = None
+        self.serving = False
 
-    def samples(self, pods: Sequence[Key], now: datetime) -> tuple[dict[Key, dict[str, Any]], int]:
-        self.asked.extend(pods)
-        series = [{"time": format_time(now - timedelta(minutes=m)), "utilPercent": 0.0, "memoryUsedMiB": 0.0}
-                  for m in range(self.minutes, -1, -1)]
-        return {p: {"samples": series} for p in pods}, 1
+    def start(self) -> GpuNode:
+        try:
+            binary = ensure_prometheus()
+        except PrometheusUnavailable as why:
+            raise Unavailable(f"no Prometheus for the GPU metrics: {why}") from None
+        self.exposition.__enter__()
+        self.serving = True
+        self.prometheus = Prometheus([static_job("dcgm", [self.exposition.stub.address], honor_labels=True)],
+                                     binary=binary).start()
+        return self
 
+    @property
+    def url(self) -> str:
+        assert self.prometheus is not None
+        return self.prometheus.url
 
-@dataclass
-class _GpuRunner(Runner):
-    """The culler's Runner with a given GPU source (the fake node has no dcgm-exporter)."""
+    def assign(self, pod: str, util: float, used_mib: float) -> None:
+        """The GPU now belongs to `pod` of the scenario's namespace and shows this load."""
+        self.gpu = FakeGpu(0, self.gpu.uuid, util=util, used_mib=used_mib, namespace=self.namespace, pod=pod,
+                           container=pod.rsplit("-", 1)[0], hostname=GPU_NODE)
+        self.exposition.set(dcgm_exposition([self.gpu]))
 
-    gpu_source: GpuSource | None = None
+    def wait_scraped(self, pod: str, samples: int = 2, timeout: float = 60.0) -> None:
+        """Until Prometheus holds `samples` scrapes of the GPU as `pod`'s."""
+        assert self.prometheus is not None
+        self.prometheus.wait_for(f'count_over_time(DCGM_FI_DEV_FB_USED{{pod="{pod}"}}[5m]) >= {samples}',
+                                 timeout=timeout)
 
-    def build_cycle(self) -> Cycle:
-        writer = None if self.dry_run else Writer(self.api)
-        return Cycle(self.settings, writer, self.gpu_source, None, stop_flag=self.stop,
-                     may_write=self.may_write, on_result=self.on_result, on_observed=self.on_observed)
+    def stop(self) -> None:
+        if self.prometheus is not None:
+            self.prometheus.stop()
+            self.prometheus = None
+        if self.serving:
+            self.serving = False
+            self.exposition.__exit__()
 
 
 @dataclass
@@ -158,6 +186,13 @@ class Seen:
     type: str  # ADDED | MODIFIED | DELETED
     name: str
     obj: dict[str, Any]
+
+    @property
+    def revision(self) -> int:
+        """The object's resourceVersion: on this cluster's one etcd, the revision of the write, which
+        orders events of different watches (arrival times in two threads do not)."""
+        rv = str((self.obj.get("metadata") or {}).get("resourceVersion") or "0")
+        return int(rv) if rv.isdigit() else 0
 
 
 class Timeline:
@@ -262,6 +297,7 @@ class HandoffTimes:
     pod_a_gone: float  # the StatefulSet controller deleted A's pod (and kwok finished it)
     pod_b_bound: float  # the scheduler bound B's pod to the GPU node
     pod_b_running: float  # kwok reported B's pod Running
+    revisions: tuple[int, int, int, int] = (0, 0, 0, 0)  # etcd revision of each step, in the same order
 
     def lines(self) -> list[str]:
         steps = [("StatefulSet a scaled to 0 (notebook-controller)", self.statefulset_scaled),
@@ -295,8 +331,8 @@ class GpuHandoff:
         self.jupyter: dict[str, JupyterServer] = {}
         self.router: Router | None = None
         self.timeline: Timeline | None = None
-        self.gpu = IdleGpuMetrics()
-        self.runner: _GpuRunner | None = None
+        self.gpu = GpuNode(self.namespace)
+        self.runner: Runner | None = None
         self.results: list[CycleResult] = []
         self._created_namespace = False
 
@@ -320,6 +356,7 @@ class GpuHandoff:
         if self.router is not None:
             self.router.stop()
             self.router = None
+        self.gpu.stop()
         if self._created_namespace:
             self._created_namespace = False
             try:
@@ -355,6 +392,7 @@ class GpuHandoff:
             "namespaces": {"include": [self.namespace]},
             "urls": {"jupyter": self.router.template("notebook")},
             "probe": {"timeoutSeconds": 2, "connectTimeoutSeconds": 1, "retries": 0},
+            "prometheus": {"url": self.gpu.url, "stepSeconds": 1},
         }, "gpu-handoff scenario")
 
     # -- observation -----------------------------------------------------------------------------
@@ -452,11 +490,15 @@ class GpuHandoff:
             # B's user is at work: a kernel running code (the culler keeps a busy notebook).
             busy = self.jupyter["b"]
             busy.execute(busy.start_kernel(), "import time\nwhile True: time.sleep(1)")
-            self.runner = _GpuRunner(self.settings(), self.api, gpu_source=self.gpu)
+            self.gpu.start()
+            self.runner = Runner(self.settings(), self.api)
             self.runner.start_cache()
         create = self.create_notebook if via == "notebook" else self.create_statefulset
         create("a")
         a = self.wait_running("a")
+        if culler:
+            self.gpu.assign("a-0", util=0, used_mib=0)  # A holds the GPU and does nothing with it
+            self.gpu.wait_scraped("a-0")
         create("b")
         b = self.wait_pending_for_gpu("b")
         return a, b
@@ -492,6 +534,8 @@ class GpuHandoff:
         tl = self.timeline
         t0 = stop.decided_at  # events are stamped on arrival; the write follows the decision
 
+        revisions: list[int] = []
+
         def step(kind: str, name: str, pred: Callable[[Seen], bool], what: str) -> float:
             found: list[Seen] = []
 
@@ -503,14 +547,15 @@ class GpuHandoff:
 
             self.wait(what, seen, seen=lambda: f"pod a-0 {self.pod('a-0')!r}, pod b-0 {self.pod('b-0')!r}, "
                                               f"replicas(a)={self.replicas('a')}")
+            revisions.append(found[0].revision)
             return found[0].at - stop.decided_at
 
-        return HandoffTimes(
-            statefulset_scaled=step("statefulset", "a", replicas_zero, "A's StatefulSet scaled to 0"),
-            pod_a_gone=step("pod", "a-0", pod_gone, "A's pod deleted"),
-            pod_b_bound=step("pod", "b-0", pod_bound, f"B's pod bound to {GPU_NODE}"),
-            pod_b_running=step("pod", "b-0", pod_running_on(GPU_NODE), f"B's pod Running on {GPU_NODE}"),
-        )
+        scaled = step("statefulset", "a", replicas_zero, "A's StatefulSet scaled to 0")
+        a_gone = step("pod", "a-0", pod_gone, "A's pod deleted")
+        b_bound = step("pod", "b-0", pod_bound, f"B's pod bound to {GPU_NODE}")
+        b_running = step("pod", "b-0", pod_running_on(GPU_NODE), f"B's pod Running on {GPU_NODE}")
+        r = revisions
+        return HandoffTimes(scaled, a_gone, b_bound, b_running, (r[0], r[1], r[2], r[3]))
 
     def start_a_again(self) -> None:
         """Start A the way the Jupyter web app does: a JSON merge patch that removes the stop key."""
