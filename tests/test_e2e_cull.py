@@ -18,6 +18,7 @@ from kf_culler.metrics import Metrics
 from kf_culler.model import (
     LAST_ACTIVITY_ANNOTATION,
     REASON_ANNOTATION,
+    RESTARTED_AT_ANNOTATION,
     STATE_ANNOTATION,
     STOP_ANNOTATION,
     STOPPED_BY_ANNOTATION,
@@ -29,7 +30,7 @@ from kf_culler.service import instrument
 from kf_culler.testing import objects as obj
 from kf_culler.testing.jupyter import JupyterServer
 from kf_culler.testing.router import Router
-from kf_culler.timeutil import format_time
+from kf_culler.timeutil import format_time, parse_time
 
 pytestmark = pytest.mark.cluster
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -180,7 +181,9 @@ def test_restart_clears_our_marks_and_restarts_the_grace(api: Any, namespace: st
     assert (again.verdict.action, again.verdict.state) == ("keep", "starting")
     ann = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
     assert STOP_ANNOTATION not in ann
-    assert not [k for k in ann if k.startswith("notebook-culler.io/")]
+    # Our stop marks are gone; only the time the restart was seen stays (the grace counts from it).
+    assert [k for k in ann if k.startswith("notebook-culler.io/")] == [RESTARTED_AT_ANNOTATION]
+    assert parse_time(ann[RESTARTED_AT_ANNOTATION]) is not None
     assert [e.reason for e in obj.events_for(api, namespace, "nb-idle")] == [EVENT_STOP, EVENT_RESTART]
 
 

@@ -20,17 +20,17 @@ hack/setup.sh installs it; a web app that is installed but does not start always
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 import requests
+from need import missing
 
 from kf_culler.config import Settings, load_mapping
 from kf_culler.kube import GROUP, PLURAL, VERSION
@@ -49,21 +49,13 @@ RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 NAME = "nb-idle"
 
 
-def _missing(component: str, why: object) -> NoReturn:
-    """Skip here; fail in CI, where hack/setup.sh installs every component."""
-    message = f"{component} is not available: {why}"
-    if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
-        pytest.fail(f"{message} (CI installs it with hack/setup.sh; this is a set-up failure)", pytrace=False)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def webapp(kube: KubeTarget) -> Iterator[WebApp]:
     """Kubeflow's Jupyter web app backend against the session's API server (admin kubeconfig)."""
     try:
         venv = virtualenv()
     except Unavailable as why:
-        _missing("Kubeflow's Jupyter web app backend v1.11.0", why)
+        missing("Kubeflow's Jupyter web app backend v1.11.0", why)
     with start_webapp(kube.kubeconfig, venv=venv) as app:  # fails the tests if it does not start
         yield app
 
