@@ -151,7 +151,7 @@ class Operations(_Model):
     namespaces: Namespaces = Field(default_factory=Namespaces)
     dry_run: bool = Field(default=False, alias="dryRun")
     gpu_only: bool = Field(default=False, alias="gpuOnly")
-    last_activity_step_minutes: float = Field(default=120, alias="lastActivityStepMinutes", ge=0, le=1440)
+    last_activity_step_minutes: float = Field(default=10, alias="lastActivityStepMinutes", ge=0, le=1440)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     rstudio: RStudioSettings = Field(default_factory=RStudioSettings)
     dcgm: DcgmSettings = Field(default_factory=DcgmSettings)
