@@ -130,7 +130,7 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
     """Notebooks (with Kubeflow's culling annotations as its culler initialises them) and Running pods."""
     import aiohttp
 
-    from kf_culler.testing.objects import notebook
+    from kf_culler.local.objects import notebook
 
     ctx = ssl.create_default_context(cafile=ca)
     ctx.load_cert_chain(cert, key)
@@ -328,7 +328,7 @@ class Bench:
         self.report: dict[str, Any] = {}
 
     def close(self) -> None:
-        from kf_culler.testing import procs
+        from kf_culler.local import procs
 
         for name in reversed(list(self.procs)):
             procs.stop(self.procs[name], grace=5)
@@ -339,21 +339,21 @@ class Bench:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        from kf_culler.testing import procs
+        from kf_culler.local import procs
 
         self.procs[name] = procs.start(cmd, self.dir / f"{name}.log", env=env)
         return self.procs[name]
 
     def tail(self, name: str) -> str:
-        from kf_culler.testing import procs
+        from kf_culler.local import procs
 
         return procs.tail(self.dir / f"{name}.log")
 
     # -- phases ----------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        from kf_culler.testing import procs
-        from kf_culler.testing.cluster import LocalCluster
-        from kf_culler.testing.prometheus import Prometheus, static_job
+        from kf_culler.local import procs
+        from kf_culler.local.cluster import LocalCluster
+        from kf_culler.local.prometheus import Prometheus, static_job
 
         a = self.args
         netns = bool(a.inside_netns)
@@ -459,8 +459,8 @@ class Bench:
 
     def kubeflow(self, spec: FleetSpec, base: str, tls: tuple[str, str, str]) -> dict[str, Any]:
         """Kubeflow's notebook-controller with built-in culling on, on the same fleet, for a bounded window."""
-        from kf_culler.testing import procs
-        from kf_culler.testing.cluster import NotebookControllerUnavailable, notebook_controller_binary
+        from kf_culler.local import procs
+        from kf_culler.local.cluster import NotebookControllerUnavailable, notebook_controller_binary
 
         a = self.args
         c = self.cluster

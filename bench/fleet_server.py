@@ -136,7 +136,7 @@ def iso(ts: float) -> str:
 
 
 def dcgm_text(spec: FleetSpec) -> str:
-    from kf_culler.testing.prometheus import FakeGpu, dcgm_exposition
+    from kf_culler.local.prometheus import FakeGpu, dcgm_exposition
 
     gpus = []
     for m in members(spec):

@@ -19,8 +19,8 @@ import statistics
 import sys
 import time
 
-from kf_culler.testing.cluster import NotebookControllerUnavailable
-from kf_culler.testing.handoff import (
+from kf_culler.local.cluster import NotebookControllerUnavailable
+from kf_culler.local.handoff import (
     HandoffTimes,
     Unavailable,
     decision_to_running,

@@ -142,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from kf_culler.testing.cluster import ClusterError
+    from kf_culler.local.cluster import ClusterError
 
     try:
         if args.gpu:

@@ -7,15 +7,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from kf_culler.config import load_mapping
+from kf_culler.local import objects as obj
+from kf_culler.local import procs
+from kf_culler.local.cluster import LocalCluster
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.report import table
 from kf_culler.runner import Runner
-from kf_culler.testing import objects as obj
-from kf_culler.testing import procs
-from kf_culler.testing.cluster import LocalCluster
-from kf_culler.testing.jupyter import JupyterServer
-from kf_culler.testing.router import Router
-from kf_culler.testing.target import apply_notebook_crd
 
 NAMESPACE = "kubeflow-user-example-com"
 
@@ -33,7 +32,7 @@ def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0
         t0 = time.monotonic()
         cluster.start()
         api = cluster.api_client()
-        apply_notebook_crd(api)
+        cluster.apply_notebook_crd()
         say(f"   API server {cluster.server} ready in {time.monotonic() - t0:.1f} s; Notebook CRD installed.")
         router.start()
 

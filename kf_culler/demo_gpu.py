@@ -2,7 +2,7 @@
 
 Everything but the culler is upstream code on a local cluster: kube-apiserver, kube-controller-manager,
 kube-scheduler, kwok (playing one node with `nvidia.com/gpu: 1`) and Kubeflow's notebook-controller
-with its own culling off. See kf_culler.testing.handoff for the scenario.
+with its own culling off. See kf_culler.local.handoff for the scenario.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from typing import Protocol, TextIO
 
+from kf_culler.local.cluster import GPU_NODE, ClusterError, LocalCluster, NotebookControllerUnavailable
+from kf_culler.local.handoff import GpuHandoff, PodView, ScenarioError, Unavailable, open_full_cluster
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.plan import EVENT_STOP
 from kf_culler.report import table
-from kf_culler.testing.cluster import GPU_NODE, ClusterError, LocalCluster, NotebookControllerUnavailable
-from kf_culler.testing.handoff import GpuHandoff, PodView, ScenarioError, Unavailable, open_full_cluster
 
 
 class _Say(Protocol):

@@ -1,4 +1,4 @@
-"""Shared fixtures: a real Kubernetes API server (see kf_culler.testing.target) and fresh namespaces."""
+"""Shared fixtures: a real Kubernetes API server (see support.target) and fresh namespaces."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 from need import missing
-
-from kf_culler.testing.target import KubeTarget, Unavailable, open_target
+from support.target import KubeTarget, Unavailable, open_target
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT.parent / "shared" / "scenarios"

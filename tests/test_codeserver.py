@@ -22,13 +22,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 from need import missing
+from support.codeserver import CodeServer, Unavailable, executable
 
 from kf_culler.config import ProbeSettings
+from kf_culler.local.procs import free_port
 from kf_culler.readings import Unreadable, parse_code_server
 from kf_culler.sources import codeserver
 from kf_culler.sources.http import Fetcher
-from kf_culler.testing.codeserver import CodeServer, Unavailable, executable
-from kf_culler.testing.procs import free_port
 from kf_culler.timeutil import from_epoch_ms
 
 Answer = dict[str, Any]

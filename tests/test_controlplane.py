@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
+from support.target import KubeTarget
 
 from kf_culler.kube import GROUP, PLURAL, VERSION
-from kf_culler.testing.target import KubeTarget
 
 pytestmark = pytest.mark.cluster
 
@@ -137,7 +137,7 @@ def test_rbac_is_enforced(kube: KubeTarget, api: Any, namespace: str) -> None:
 def test_launcher_leaves_nothing_behind_even_when_the_body_fails(kube: KubeTarget) -> None:
     if kube.backend != "local":
         pytest.skip("the launcher's own clean-up is tested on the local control plane")
-    from kf_culler.testing.cluster import LocalCluster
+    from kf_culler.local.cluster import LocalCluster
 
     pids: list[int] = []
     workdir: Path | None = None
@@ -156,7 +156,7 @@ def test_launcher_start_failure_raises_with_the_log_tail(tmp_path: Path, monkeyp
                                                         kube: KubeTarget) -> None:
     if kube.backend != "local":
         pytest.skip("local launcher only")
-    from kf_culler.testing import cluster as cl
+    from kf_culler.local import cluster as cl
 
     real = cl.ensure_binaries()
     fake = tmp_path / "bin"

@@ -18,9 +18,9 @@ import pytest
 
 from kf_culler.config import DcgmSettings, Policy
 from kf_culler.decide import decide
+from kf_culler.local.prometheus import Exposition, FakeGpu, StubServer, dcgm_exposition, text_reply
 from kf_culler.readings import parse_gpu
 from kf_culler.sources.dcgm import DcgmScraper
-from kf_culler.testing.prometheus import Exposition, FakeGpu, StubServer, dcgm_exposition, text_reply
 
 T0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)
 POD = ("team-a", "train-0")

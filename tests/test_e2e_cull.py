@@ -14,6 +14,9 @@ import pytest
 
 from kf_culler.config import Settings, load_mapping
 from kf_culler.cycle import Cycle, utcnow
+from kf_culler.local import objects as obj
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.router import Router
 from kf_culler.metrics import Metrics
 from kf_culler.model import (
     LAST_ACTIVITY_ANNOTATION,
@@ -27,9 +30,6 @@ from kf_culler.model import (
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
 from kf_culler.runner import Runner
 from kf_culler.service import instrument
-from kf_culler.testing import objects as obj
-from kf_culler.testing.jupyter import JupyterServer
-from kf_culler.testing.router import Router
 from kf_culler.timeutil import format_time, parse_time
 
 pytestmark = pytest.mark.cluster

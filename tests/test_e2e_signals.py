@@ -1,7 +1,7 @@
 """Every signal together, end to end on the real API server: a real code-server, a real Jupyter server
 and a real Prometheus scraping GPU series.
 
-The GPU series come from a stand-in dcgm-exporter (kf_culler.testing.prometheus.dcgm_exposition; no GPU
+The GPU series come from a stand-in dcgm-exporter (kf_culler.local.prometheus.dcgm_exposition; no GPU
 exists here): dcgm-exporter's text format with its default counters DCGM_FI_DEV_GPU_UTIL and
 DCGM_FI_DEV_FB_USED and its pod/namespace/container labels, as in dcgm-exporter's
 etc/default-counters.csv.
@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 from need import missing
+from support.codeserver import CodeServer
+from support.codeserver import Unavailable as NoCodeServer
 
 from kf_culler.config import load_mapping
+from kf_culler.local import objects as obj
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.prometheus import Exposition, FakeGpu, Prometheus, Unavailable, dcgm_exposition, static_job
+from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.runner import Runner
-from kf_culler.testing import objects as obj
-from kf_culler.testing.codeserver import CodeServer
-from kf_culler.testing.codeserver import Unavailable as NoCodeServer
-from kf_culler.testing.jupyter import JupyterServer
-from kf_culler.testing.prometheus import Exposition, FakeGpu, Prometheus, Unavailable, dcgm_exposition, static_job
-from kf_culler.testing.router import Router
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -27,9 +27,13 @@ from typing import Any
 import pytest
 import yaml
 from need import missing
+from support.faulty import FaultyServer
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
+from kf_culler.local import objects as obj
+from kf_culler.local.cluster import ClusterError, LocalCluster
+from kf_culler.local.procs import free_port
 from kf_culler.model import (
     EXEMPT_ANNOTATION,
     PREFIX,
@@ -41,10 +45,6 @@ from kf_culler.model import (
 )
 from kf_culler.plan import EVENT_STOP
 from kf_culler.runner import Runner
-from kf_culler.testing import objects as obj
-from kf_culler.testing.cluster import ClusterError, LocalCluster
-from kf_culler.testing.faulty import FaultyServer
-from kf_culler.testing.procs import free_port
 
 pytestmark = pytest.mark.cluster
 STOP_KEYS = {STOP_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_AT_ANNOTATION, STATE_ANNOTATION, REASON_ANNOTATION}
@@ -406,7 +406,7 @@ def test_a_hanging_api_server_fails_the_write_and_the_next_pass_writes(
 
     from kf_culler.cycle import Cycle
     from kf_culler.kube import writer as writer_module
-    from kf_culler.testing.pki import Authority
+    from kf_culler.local.pki import Authority
 
     monkeypatch.setattr(writer_module, "REQUEST_TIMEOUT", (1.0, 2.0))
     tls: ssl.SSLContext | None = None

@@ -18,18 +18,18 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from support.faulty import HUGE_BYTES, FaultyServer
 
 from kf_culler.config import ProbeSettings, PrometheusSettings, Settings, load_mapping
 from kf_culler.cycle import Cycle
+from kf_culler.local import objects as obj
+from kf_culler.local.procs import free_port
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.plan import EVENT_STOP
 from kf_culler.runner import Runner
 from kf_culler.sources import codeserver, jupyter
 from kf_culler.sources.gpu import PrometheusGpu
 from kf_culler.sources.http import Call, Fetcher
-from kf_culler.testing import objects as obj
-from kf_culler.testing.faulty import HUGE_BYTES, FaultyServer
-from kf_culler.testing.procs import free_port
 
 TIMEOUT = 2.0
 RETRIES = 1

@@ -4,7 +4,7 @@ Runs on the local control plane in "full" mode (kube-apiserver, kube-controller-
 kube-scheduler, kwok playing a node with one nvidia.com/gpu) with Kubeflow's notebook-controller
 (ENABLE_CULLING=false). A's Jupyter server is real and idle, B's runs a kernel that is busy. The fake
 node has no GPU: its GPU is a dcgm-exporter-shaped /metrics endpoint (metric names and labels of
-dcgm-exporter's default counters, kf_culler.testing.prometheus.FakeGpu) scraped by a real Prometheus,
+dcgm-exporter's default counters, kf_culler.local.prometheus.FakeGpu) scraped by a real Prometheus,
 which the culler queries as it would a cluster's; A's GPU reads idle, then B's reads working.
 """
 
@@ -17,21 +17,21 @@ from typing import Any
 import pytest
 from need import missing
 
-from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
-from kf_culler.plan import EVENT_STOP
-from kf_culler.testing.cluster import (
+from kf_culler.local.cluster import (
     GPU_NODE,
     LocalCluster,
     NotebookControllerUnavailable,
     notebook_controller_binary,
 )
-from kf_culler.testing.handoff import (
+from kf_culler.local.handoff import (
     INSUFFICIENT_GPU,
     GpuHandoff,
     Unavailable,
     open_full_cluster,
     start_controller,
 )
+from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
+from kf_culler.plan import EVENT_STOP
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 

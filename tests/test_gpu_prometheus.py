@@ -29,9 +29,8 @@ from need import missing
 from prometheus_client.parser import text_string_to_metric_families
 
 from kf_culler.config import PrometheusSettings
-from kf_culler.sources.gpu import PrometheusGpu
-from kf_culler.testing import procs
-from kf_culler.testing.prometheus import (
+from kf_culler.local import procs
+from kf_culler.local.prometheus import (
     Exposition,
     FakeGpu,
     Prometheus,
@@ -39,10 +38,11 @@ from kf_culler.testing.prometheus import (
     StubServer,
     Unavailable,
     dcgm_exposition,
-    ensure_prometheus,
+    find_prometheus,
     json_reply,
     static_job,
 )
+from kf_culler.sources.gpu import PrometheusGpu
 
 HONOR = "dcgm-honor"
 EXPORTED = "dcgm-exported"
@@ -57,7 +57,7 @@ HALF = ("team-d", "half-0")
 @pytest.fixture(scope="module")
 def prometheus_binary() -> str:
     try:
-        return ensure_prometheus()
+        return find_prometheus()
     except Unavailable as why:
         missing("Prometheus", why)
 
@@ -242,7 +242,7 @@ def test_bearer_token_is_read_on_every_call(tmp_path: Path) -> None:
 
 
 def test_tls_with_a_ca_file_and_insecure_skip_verify(prometheus_binary: str, tmp_path: Path) -> None:
-    from kf_culler.testing.pki import Authority
+    from kf_culler.local.pki import Authority
 
     ca = Authority(tmp_path)
     serving = ca.issue("prometheus", "localhost", server=True)

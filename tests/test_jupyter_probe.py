@@ -13,11 +13,11 @@ import pytest
 from aiohttp import web
 
 from kf_culler.config import ProbeSettings
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.procs import free_port
 from kf_culler.readings import parse_jupyter
 from kf_culler.sources import jupyter
 from kf_culler.sources.http import Fetcher
-from kf_culler.testing.jupyter import JupyterServer
-from kf_culler.testing.procs import free_port
 
 
 def probe(url: str, **settings: Any) -> dict[str, Any]:

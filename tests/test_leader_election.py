@@ -17,13 +17,13 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.target import KubeTarget
 
+from kf_culler.local import objects as obj
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.plan import EVENT_STOP
-from kf_culler.testing import objects as obj
-from kf_culler.testing.jupyter import JupyterServer
-from kf_culler.testing.router import Router
-from kf_culler.testing.target import KubeTarget
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -23,16 +23,13 @@ from need import missing
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from support.target import KubeTarget
 
 from kf_culler.config import Settings, load_mapping
-from kf_culler.metrics import HealthServer, Metrics
-from kf_culler.model import TRACE_ANNOTATION
-from kf_culler.runner import Runner
-from kf_culler.service import instrument, readiness
-from kf_culler.testing import objects as obj
-from kf_culler.testing.jupyter import JupyterServer
-from kf_culler.testing.procs import free_port
-from kf_culler.testing.prometheus import (
+from kf_culler.local import objects as obj
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.procs import free_port
+from kf_culler.local.prometheus import (
     Exposition,
     FakeGpu,
     Prometheus,
@@ -40,8 +37,11 @@ from kf_culler.testing.prometheus import (
     dcgm_exposition,
     static_job,
 )
-from kf_culler.testing.router import Router
-from kf_culler.testing.target import KubeTarget
+from kf_culler.local.router import Router
+from kf_culler.metrics import HealthServer, Metrics
+from kf_culler.model import TRACE_ANNOTATION
+from kf_culler.runner import Runner
+from kf_culler.service import instrument, readiness
 
 pytestmark = pytest.mark.cluster
 

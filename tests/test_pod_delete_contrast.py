@@ -17,9 +17,8 @@ from collections.abc import Iterator
 import pytest
 from need import missing
 
-from kf_culler.model import STOP_ANNOTATION
-from kf_culler.testing.cluster import GPU_NODE, LocalCluster, NotebookControllerUnavailable
-from kf_culler.testing.handoff import (
+from kf_culler.local.cluster import GPU_NODE, LocalCluster, NotebookControllerUnavailable
+from kf_culler.local.handoff import (
     INSUFFICIENT_GPU,
     GpuHandoff,
     PodView,
@@ -27,6 +26,7 @@ from kf_culler.testing.handoff import (
     open_full_cluster,
     start_controller,
 )
+from kf_culler.model import STOP_ANNOTATION
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 

@@ -14,17 +14,17 @@ import pytest
 import yaml
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
+from support.kustomize import kubectl_path, render
+from support.target import KubeTarget
 
 from kf_culler.config import load_mapping
 from kf_culler.kube import GROUP, PLURAL, VERSION
+from kf_culler.local import objects as obj
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.plan import EVENT_STOP
 from kf_culler.runner import Runner
-from kf_culler.testing import objects as obj
-from kf_culler.testing.jupyter import JupyterServer
-from kf_culler.testing.kustomize import kubectl_path, render
-from kf_culler.testing.router import Router
-from kf_culler.testing.target import KubeTarget
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[1]

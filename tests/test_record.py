@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import yaml
+from support.target import KubeTarget
 
+from kf_culler.local import objects as obj
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.router import Router
 from kf_culler.replay.trace import read_trace
-from kf_culler.testing import objects as obj
-from kf_culler.testing.jupyter import JupyterServer
-from kf_culler.testing.router import Router
-from kf_culler.testing.target import KubeTarget
 
 pytestmark = pytest.mark.cluster
 

@@ -33,18 +33,18 @@ from need import missing
 from prometheus_client.parser import text_string_to_metric_families
 
 from kf_culler.config import PrometheusSettings, RStudioSettings, load_mapping
-from kf_culler.readings import parse_rstudio
-from kf_culler.sources.rstudio import PrometheusRStudio, source_for, workload_of
-from kf_culler.testing import procs
-from kf_culler.testing.prometheus import (
+from kf_culler.local import procs
+from kf_culler.local.prometheus import (
     Prometheus,
     Seen,
     StubServer,
     Unavailable,
-    ensure_prometheus,
+    find_prometheus,
     static_job,
     text_reply,
 )
+from kf_culler.readings import parse_rstudio
+from kf_culler.sources.rstudio import PrometheusRStudio, source_for, workload_of
 
 NS = "team-r"
 BUSY = (NS, "rs-busy-0")
@@ -139,7 +139,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def world() -> Iterator[tuple[Prometheus, Cluster]]:
     try:
-        binary = ensure_prometheus()
+        binary = find_prometheus()
     except Unavailable as why:
         missing("Prometheus", why)
     c = Cluster()

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.faulty import FaultyServer
 
 from kf_culler.config import load_mapping
 from kf_culler.decide import decide
 from kf_culler.gather import url_for
+from kf_culler.local import objects as obj
 from kf_culler.model import (
     EXEMPT_ANNOTATION,
     KEEP_UNTIL_ANNOTATION,
@@ -34,8 +36,6 @@ from kf_culler.model import (
 )
 from kf_culler.runner import Runner
 from kf_culler.scenario import verdict_for_document
-from kf_culler.testing import objects as obj
-from kf_culler.testing.faulty import FaultyServer
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO_DIRS = [ROOT.parent / "shared" / "scenarios", ROOT / "tests" / "scenarios"]

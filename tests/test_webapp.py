@@ -11,7 +11,7 @@ Real here:
   (Runner: cache, probes, decide, plan, writer).
 
 Played by the tests: the notebook-controller's part (the notebook's pod and the readyReplicas it reports,
-set as the controller and a kubelet would) and the user's browser (kf_culler.testing.webapp.WebAppClient).
+set as the controller and a kubelet would) and the user's browser (support.webapp.WebAppClient).
 
 If the web app cannot be installed here the tests are skipped, and fail in CI (CI=true), where
 hack/setup.sh installs it; a web app that is installed but does not start always fails them.
@@ -31,17 +31,17 @@ from typing import Any
 import pytest
 import requests
 from need import missing
+from support.target import KubeTarget
+from support.webapp import CSRF_COOKIE, Unavailable, WebApp, WebAppClient, start_webapp, virtualenv
 
 from kf_culler.config import Settings, load_mapping
 from kf_culler.kube import GROUP, PLURAL, VERSION
+from kf_culler.local import objects as obj
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.router import Router
 from kf_culler.model import LAST_ACTIVITY_ANNOTATION, STOP_ANNOTATION, Verdict
 from kf_culler.plan import EVENT_STOP, EVENT_WARN
 from kf_culler.runner import Runner
-from kf_culler.testing import objects as obj
-from kf_culler.testing.jupyter import JupyterServer
-from kf_culler.testing.router import Router
-from kf_culler.testing.target import KubeTarget
-from kf_culler.testing.webapp import CSRF_COOKIE, Unavailable, WebApp, WebAppClient, start_webapp, virtualenv
 from kf_culler.timeutil import format_time
 
 pytestmark = pytest.mark.cluster

@@ -16,7 +16,7 @@
 # gunicorn's gevent extra, for upstream's gevent workers), and
 # common-backend itself (the `kubeflow` package; its setup.py says Python >= 3.12, it runs on 3.11, so it
 # is installed with --ignore-requires-python). The source is read-only (CI): pip works on a copy.
-# The web app itself (jupyter-backend/) is not installed: kf_culler.testing.webapp runs it from a copy.
+# The web app itself (jupyter-backend/) is not installed: tests/support/webapp.py runs it from a copy.
 # A finished install is marked by .installed next to venv/; running the script again is then a no-op.
 set -euo pipefail
 

@@ -1,10 +1,10 @@
 """A real Prometheus on loopback, and small stand-in exporters for it to scrape.
 
-`Prometheus` starts the Debian package's binary (installing it with apt-get when it is missing and we
-are root) on a free 127.0.0.1 port with a temporary configuration and TSDB directory, and removes
-both when stopped. `StubServer` is a threaded HTTP server on 127.0.0.1 that answers from a callable:
-the stand-in dcgm-exporter, cAdvisor or Istio endpoints that Prometheus scrapes, or a fake Prometheus
-API (a 503, a bearer-token check). `dcgm_exposition` writes dcgm-exporter's text format.
+`Prometheus` starts the `prometheus` binary on PATH (hack/setup.sh installs the Debian package) on a
+free 127.0.0.1 port with a temporary configuration and TSDB directory, and removes both when stopped.
+`StubServer` is a threaded HTTP server on 127.0.0.1 that answers from a callable: the stand-in
+dcgm-exporter, cAdvisor or Istio endpoints that Prometheus scrapes, or a fake Prometheus API (a 503, a
+bearer-token check). `dcgm_exposition` writes dcgm-exporter's text format.
 
 Used by the tests, the demo and the benchmarks.
 """
@@ -12,7 +12,6 @@ Used by the tests, the demo and the benchmarks.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -28,53 +27,25 @@ from typing import Any
 
 import yaml
 
-from kf_culler.testing import procs
+from kf_culler.local import procs
 
 
 class Unavailable(RuntimeError):
-    """Prometheus cannot be had here (not installed and not installable); the message says why."""
+    """Prometheus is not installed here; the message says what to run."""
 
 
 class StartFailed(RuntimeError):
     """Prometheus is installed but did not start: a failure wherever it happens, never a skip."""
 
 
-POLICY_RC = Path("/usr/sbin/policy-rc.d")
+SETUP_HINT = "install it with `bash hack/setup.sh` (Debian: apt-get install -y --no-install-recommends prometheus)"
 
 
-def ensure_prometheus() -> str:
-    """The path of the `prometheus` binary, installing the Debian package when missing (root only)."""
-    found = shutil.which("prometheus")
-    if found:
-        return found
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        raise Unavailable("prometheus is not installed and installing it needs root "
-                          "(apt-get install -y prometheus)")
-    if not shutil.which("apt-get"):
-        raise Unavailable("prometheus is not installed and there is no apt-get to install it")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    # Keep the package's service from starting (it would listen on all interfaces).
-    made_policy = False
-    if not POLICY_RC.exists():
-        POLICY_RC.write_text("#!/bin/sh\nexit 101\n")
-        POLICY_RC.chmod(0o755)
-        made_policy = True
-    try:
-        for cmd in (["apt-get", "update"],
-                    ["apt-get", "install", "-y", "--no-install-recommends", "prometheus"]):
-            try:
-                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
-            except (OSError, subprocess.TimeoutExpired) as err:
-                raise Unavailable(f"{' '.join(cmd)} failed: {err}") from None
-            if done.returncode != 0:
-                tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-                raise Unavailable(f"{' '.join(cmd)} exited {done.returncode}: {tail}")
-    finally:
-        if made_policy:
-            POLICY_RC.unlink(missing_ok=True)
+def find_prometheus() -> str:
+    """The path of the `prometheus` binary on PATH; Unavailable, saying what to run, when there is none."""
     found = shutil.which("prometheus")
     if not found:
-        raise Unavailable("apt-get installed prometheus but no prometheus binary is on PATH")
+        raise Unavailable(f"prometheus is not on PATH: {SETUP_HINT}")
     return found
 
 
@@ -287,7 +258,7 @@ class Prometheus:
     def __init__(self, scrape_configs: Sequence[dict[str, Any]], scrape_interval: str = "2s",
                  web_config: dict[str, Any] | None = None, binary: str | None = None,
                  retention: str = "2h", scrape_timeout: str | None = None) -> None:
-        self.binary = binary or ensure_prometheus()
+        self.binary = binary or find_prometheus()
         self.scrape_configs = list(scrape_configs)
         self.scrape_interval = scrape_interval
         self.scrape_timeout = scrape_timeout or scrape_timeout_for(scrape_interval)

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kf_culler.testing.procs import free_port
+from kf_culler.local.procs import free_port
 
 
 class Router:

@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from kf_culler.testing import procs
+from kf_culler.local import procs
 
 VERSION = "4.139.1"
 ROOT = Path(__file__).resolve().parents[2]

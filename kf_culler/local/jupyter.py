@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kf_culler.testing import procs
+from kf_culler.local import procs
 
 
 class JupyterServer:

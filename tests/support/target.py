@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from kf_culler.testing.cluster import ClusterError, LocalCluster, service_account_kubeconfig, source_root
+from kf_culler.local.cluster import ClusterError, LocalCluster, service_account_kubeconfig, source_root
 
 CRD_PATH = Path("kustomize") / "crd" / "notebooks.kubeflow.org.yaml"
 

@@ -15,10 +15,10 @@ Every link but the culler is upstream code.
 
 The fake node has no GPU, so its GPU is described by a dcgm-exporter-shaped /metrics endpoint
 (`GpuNode`: the metric names and labels of dcgm-exporter's default counters, see
-kf_culler.testing.prometheus.FakeGpu) that a real Prometheus scrapes; the culler reads it the way it
+kf_culler.local.prometheus.FakeGpu) that a real Prometheus scrapes; the culler reads it the way it
 reads a cluster's Prometheus (`prometheus.url`). The GPU is assigned to A's pod and idle (0 %, 0 MiB)
 until B's pod is bound to it, then to B's pod and working.
-The Jupyter servers run on loopback; a loopback router (kf_culler.testing.router) stands in for the
+The Jupyter servers run on loopback; a loopback router (kf_culler.local.router) stands in for the
 Service DNS, so the culler's usual URL template `.../notebook/{namespace}/{name}/` reaches them.
 """
 
@@ -39,27 +39,27 @@ from typing import Any
 from kf_culler.config import Settings, load_mapping
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube import GROUP, PLURAL, VERSION
-from kf_culler.model import STOP_ANNOTATION
-from kf_culler.runner import Runner
-from kf_culler.testing import procs
-from kf_culler.testing.cluster import (
+from kf_culler.local import procs
+from kf_culler.local.cluster import (
     CLUSTER_BINARIES,
     GPU_NODE,
     GPU_RESOURCE,
     LocalCluster,
     bin_dir,
 )
-from kf_culler.testing.jupyter import JupyterServer
-from kf_culler.testing.prometheus import (
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.prometheus import (
     Exposition,
     FakeGpu,
     Prometheus,
     dcgm_exposition,
-    ensure_prometheus,
+    find_prometheus,
     static_job,
 )
-from kf_culler.testing.prometheus import Unavailable as PrometheusUnavailable
-from kf_culler.testing.router import Router
+from kf_culler.local.prometheus import Unavailable as PrometheusUnavailable
+from kf_culler.local.router import Router
+from kf_culler.model import STOP_ANNOTATION
+from kf_culler.runner import Runner
 
 log = logging.getLogger(__name__)
 IMAGE = "kubeflownotebookswg/jupyter-scipy:v1.10.0"  # never pulled: kwok plays the kubelet
@@ -142,7 +142,7 @@ class GpuNode:
 
     def start(self) -> GpuNode:
         try:
-            binary = ensure_prometheus()
+            binary = find_prometheus()
         except PrometheusUnavailable as why:
             raise Unavailable(f"no Prometheus for the GPU metrics: {why}") from None
         self.exposition.__enter__()

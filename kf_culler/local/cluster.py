@@ -34,8 +34,8 @@ from typing import Any, Literal
 
 import yaml
 
-from kf_culler.testing import procs
-from kf_culler.testing.pki import Authority, Pair, service_account_keys
+from kf_culler.local import procs
+from kf_culler.local.pki import Authority, Pair, service_account_keys
 
 REPO_MARKER = Path("hack") / "controlplane" / "build.sh"
 CRD_PATH = Path("kustomize") / "crd" / "notebooks.kubeflow.org.yaml"

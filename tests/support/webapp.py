@@ -35,7 +35,7 @@ from typing import Any
 
 import requests
 
-from kf_culler.testing import procs
+from kf_culler.local import procs
 
 VERSION = "v1.11.0"
 ROOT = Path(__file__).resolve().parents[2]

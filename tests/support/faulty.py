@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from kf_culler.testing.procs import free_port
+from kf_culler.local.procs import free_port
 
 HUGE_BYTES = 50 * 1000 * 1000
 CHUNK = b"0," * 32768  # 64 KiB, reused: the server itself never holds the huge body
