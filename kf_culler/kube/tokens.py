@@ -1,0 +1,88 @@
+"""Who is calling: a bearer token checked with a TokenReview (authentication.k8s.io/v1), cached briefly.
+
+Only ServiceAccount identities (`system:serviceaccount:<namespace>:<name>`) carry a namespace; any
+other authenticated user has none. A token the API server rejects is cached for a shorter time than
+one it accepts; an API server that cannot be asked is an error, never a verdict, and is not cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SA_PREFIX = "system:serviceaccount:"
+MAX_TOKEN_BYTES = 16 * 1024
+
+
+class ReviewUnavailable(RuntimeError):
+    """The API server could not be asked (or answered with an error); nothing is known about the token."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    authenticated: bool
+    username: str = ""
+    namespace: str | None = None  # set for ServiceAccounts only
+    service_account: str | None = None
+    error: str = ""
+
+
+def identity_from(username: str) -> Identity:
+    if username.startswith(SA_PREFIX):
+        ns, _, sa = username[len(SA_PREFIX):].partition(":")
+        if ns and sa and ":" not in sa:
+            return Identity(True, username, ns, sa)
+    return Identity(True, username)
+
+
+class TokenReviewer:
+    """`review(token)` -> Identity, asking the API server at most once per token per `ttl` seconds."""
+
+    def __init__(self, api_client: Any, ttl: float = 10.0, negative_ttl: float = 2.0, max_entries: int = 4096,
+                 timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api_client = api_client
+        self.ttl, self.negative_ttl, self.max_entries, self.timeout = ttl, negative_ttl, max_entries, timeout
+        self.clock = clock
+        self.reviews = 0  # TokenReviews sent (for tests and curiosity)
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, tuple[float, Identity]] = OrderedDict()
+
+    def review(self, token: str) -> Identity:
+        if not token or len(token) > MAX_TOKEN_BYTES:
+            return Identity(False, error="no usable token")
+        key = hashlib.sha256(token.encode()).hexdigest()  # the token itself is never kept
+        now = self.clock()
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None and hit[0] > now:
+                return hit[1]
+        ident = self._ask(token)
+        with self._lock:
+            self._cache[key] = (now + (self.ttl if ident.authenticated else self.negative_ttl), ident)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
+        return ident
+
+    def _ask(self, token: str) -> Identity:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        try:
+            self.reviews += 1
+            out = client.AuthenticationV1Api(self.api_client).create_token_review(
+                body, _request_timeout=self.timeout)
+        except ApiException as err:
+            raise ReviewUnavailable(f"TokenReview failed: HTTP {err.status} {err.reason}") from err
+        except Exception as err:  # connection refused, timeout, TLS: nothing known about the token
+            raise ReviewUnavailable(f"TokenReview failed: {type(err).__name__}") from err
+        status = out.status
+        if status is None or not status.authenticated or status.user is None:
+            return Identity(False, error=(status.error if status is not None else "") or "not authenticated")
+        return identity_from(str(status.user.username or ""))
