@@ -98,16 +98,45 @@ class Metrics:
 
 
 class HealthServer:
-    """Serves /metrics, /healthz (the process answers) and /readyz (caches synced, last pass recent)."""
+    """Serves /metrics, /healthz (the process answers), /readyz (caches synced, last pass recent) and, with
+    `api`, the read-only verdict API under /api/ (docs/verdict-api.md). Methods other than GET/HEAD: 405."""
 
-    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> None:
+    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], tuple[bool, str]],
+                 api: Any = None) -> None:
+        """`api`: a kf_culler.verdict_api.VerdictApi that answers every path under /api/ (or None: 404)."""
         host, _, port = address.rpartition(":")
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            _head = False
+
+            def do_HEAD(self) -> None:
+                self._head = True
+                try:
+                    self.do_GET()
+                finally:
+                    self._head = False
+
+            def _refuse(self) -> None:  # read-only: every other method
+                self.send_response(405)
+                self.send_header("Allow", "GET, HEAD")
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                body = b"method not allowed: read-only\n"
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(body)
+                self.close_connection = True
+
+            do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _refuse
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
-                if path == "/metrics":
+                if path.startswith("/api/") and outer.api is not None:
+                    method = "HEAD" if getattr(self, "_head", False) else "GET"
+                    r = outer.api.handle(method, self.path, self.headers)
+                    self._send(r.code, r.body, r.content_type, r.headers)
+                elif path == "/metrics":
                     self._send(200, outer.metrics.render(), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     self._send(200, b"ok\n")
@@ -117,18 +146,23 @@ class HealthServer:
                 else:
                     self._send(404, b"not found\n")
 
-            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
+                      headers: dict[str, str] | None = None) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
                 self.end_headers()
-                self.wfile.write(body)
+                if not getattr(self, "_head", False):
+                    self.wfile.write(body)
 
             def log_message(self, *args: Any) -> None:
                 pass
 
         self.metrics = metrics
         self.ready = ready
+        self.api = api
         self.server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="health", daemon=True)

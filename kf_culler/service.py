@@ -11,9 +11,12 @@ from typing import Any
 
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube.lease import LeaderElector
+from kf_culler.kube.tokens import TokenReviewer
 from kf_culler.metrics import HealthServer, Metrics
 from kf_culler.runner import Runner
 from kf_culler.telemetry import setup_logging, setup_tracing
+from kf_culler.verdict_api import VerdictApi
+from kf_culler.verdicts import VerdictStore
 
 log = logging.getLogger("kf_culler")
 
@@ -40,8 +43,9 @@ def _log_result(r: NotebookResult) -> None:
         "event": r.write.event if r.write else None})
 
 
-def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None = None) -> None:
-    """Feed every notebook result and every pass into the metrics and the logs."""
+def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None = None,
+               store: VerdictStore | None = None) -> None:
+    """Feed every notebook result and every pass into the metrics and the logs (and the verdict store)."""
 
     def on_result(r: NotebookResult) -> None:
         metrics.observe_result(r)
@@ -49,6 +53,8 @@ def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None =
 
     def on_cycle(result: CycleResult) -> None:
         metrics.observe_cycle(result)
+        if store is not None:
+            store.update(result)
         if elector is not None:
             metrics.leader.set(1 if elector.is_leader() else 0)
         if runner.cache is not None:
@@ -88,12 +94,14 @@ def serve(runner: Runner, opts: Options) -> int:
         runner.may_write = elector.is_leader
         elector.start()
 
-    instrument(runner, metrics, elector)
+    store = VerdictStore() if opts.metrics_address else None
+    instrument(runner, metrics, elector, store)
     server = None
-    if opts.metrics_address:
-        server = HealthServer(opts.metrics_address, metrics, lambda: readiness(runner))
+    if opts.metrics_address and store is not None:
+        api = VerdictApi(store, TokenReviewer(runner.api))
+        server = HealthServer(opts.metrics_address, metrics, lambda: readiness(runner), api)
         server.start()
-        log.info("serving /metrics, /healthz, /readyz on %s", opts.metrics_address)
+        log.info("serving /metrics, /healthz, /readyz and /api/v1/ on %s", opts.metrics_address)
     try:
         runner.start_cache()
         runner.loop(max_cycles=1 if opts.once else None)

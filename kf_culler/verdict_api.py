@@ -1,0 +1,111 @@
+"""The read-only verdict API (docs/verdict-api.md), served next to /metrics on the culler's HTTP port.
+
+    GET /api/v1/namespaces/{namespace}/notebooks/{name}   one notebook's latest verdict
+    GET /api/v1/namespaces/{namespace}/notebooks          the namespace's, sorted by name, paged
+
+The caller presents a ServiceAccount token (`Authorization: Bearer ...`); a TokenReview names its
+namespace, and only that namespace can be read. Order of checks: method (405), route (404), token (401),
+namespace (403), then the notebook (404). Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+from kf_culler.kube.tokens import ReviewUnavailable, TokenReviewer
+from kf_culler.timeutil import format_time
+from kf_culler.verdicts import VerdictStore
+
+log = logging.getLogger("kf_culler.api")
+PREFIX = "/api/v1/"
+MAX_LIST_ITEMS = 500  # items per list response (?limit= may ask for fewer)
+MAX_LIST_BYTES = 1024 * 1024  # a list response stops before its body would pass this
+_NAME = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
+ONE = re.compile(rf"^/api/v1/namespaces/({_NAME})/notebooks/({_NAME})$")
+LIST = re.compile(rf"^/api/v1/namespaces/({_NAME})/notebooks/?$")
+JSON = "application/json"
+
+
+@dataclass
+class Response:
+    code: int
+    body: bytes
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _json(code: int, doc: dict[str, Any], **headers: str) -> Response:
+    return Response(code, (json.dumps(doc, ensure_ascii=False) + "\n").encode(), JSON, headers)
+
+
+def _status(code: int, reason: str, message: str, **headers: str) -> Response:
+    return _json(code, {"kind": "Status", "code": code, "reason": reason, "message": message}, **headers)
+
+
+class VerdictApi:
+    def __init__(self, store: VerdictStore, reviewer: TokenReviewer) -> None:
+        self.store = store
+        self.reviewer = reviewer
+
+    def handle(self, method: str, target: str, headers: Mapping[str, str]) -> Response:
+        path, _, query = target.partition("?")
+        if method not in ("GET", "HEAD"):
+            return _status(405, "MethodNotAllowed", "read-only: only GET and HEAD", Allow="GET, HEAD")
+        one, many = ONE.match(path), LIST.match(path)
+        if not one and not many:
+            return _status(404, "NotFound", "no such route (see docs/verdict-api.md)")
+        auth = headers.get("Authorization") or ""
+        scheme, _, token = auth.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return _status(401, "Unauthorized", "a ServiceAccount token is required (Authorization: Bearer)",
+                           **{"WWW-Authenticate": 'Bearer realm="kf-culler"'})
+        try:
+            who = self.reviewer.review(token.strip())
+        except ReviewUnavailable as err:
+            log.warning("verdict API: %s", err)
+            return _status(503, "ServiceUnavailable", "the token cannot be checked now", **{"Retry-After": "5"})
+        if not who.authenticated:
+            return _status(401, "Unauthorized", "the token was not accepted",
+                           **{"WWW-Authenticate": 'Bearer realm="kf-culler", error="invalid_token"'})
+        namespace = (one or many).group(1)  # type: ignore[union-attr]
+        if who.namespace != namespace:
+            return _status(403, "Forbidden", f"{who.username} may read notebooks of its own namespace only")
+        if self.store.passes == 0:
+            return _status(503, "ServiceUnavailable", "no pass has completed yet", **{"Retry-After": "10"})
+        if one:
+            found = self.store.get(namespace, one.group(2))
+            if found is None:
+                return _status(404, "NotFound", f"no verdict for notebook {namespace}/{one.group(2)}")
+            return _json(200, {"kind": "NotebookVerdict", **found})
+        return self._list(namespace, parse_qs(query))
+
+    def _list(self, namespace: str, query: dict[str, list[str]]) -> Response:
+        try:
+            limit = int((query.get("limit") or [MAX_LIST_ITEMS])[0])
+        except ValueError:
+            return _status(400, "BadRequest", "limit must be a whole number")
+        limit = max(1, min(limit, MAX_LIST_ITEMS))
+        after = (query.get("continue") or [""])[0][:253]
+        items, more = self.store.page(namespace, after, limit)
+        pass_time = self.store.pass_time
+        doc: dict[str, Any] = {"kind": "NotebookVerdictList", "namespace": namespace,
+                               "passTime": format_time(pass_time) if pass_time else None,
+                               "items": [], "continue": None}
+        size = len(json.dumps(doc)) + 64  # room for the continue token
+        for i, item in enumerate(items):
+            n = len(json.dumps(item, ensure_ascii=False).encode()) + 2
+            if size + n > MAX_LIST_BYTES:
+                more = True
+                items = items[:i]
+                break
+            size += n
+            doc["items"].append(item)
+        if more and doc["items"]:
+            doc["continue"] = doc["items"][-1]["name"]
+        return _json(200, doc)
