@@ -280,6 +280,7 @@ CLUSTER_GRANTS = {
     ("", "pods"): {"get", "list", "watch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    ("authentication.k8s.io", "tokenreviews"): {"create"},  # the verdict API's caller check
 }
 
 
@@ -313,7 +314,8 @@ def test_cluster_role_is_exactly_what_the_culler_needs(overlay: str) -> None:
 def test_dry_run_cluster_role_cannot_write() -> None:
     g = grants(one(render("overlays/dry-run"), "ClusterRole", NAME))
     read = {"get", "list", "watch"}
-    assert g == {("kubeflow.org", "notebooks"): read, ("", "pods"): read}
+    assert g == {("kubeflow.org", "notebooks"): read, ("", "pods"): read,
+                 ("authentication.k8s.io", "tokenreviews"): {"create"}}  # answered, never stored
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
