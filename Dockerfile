@@ -3,7 +3,8 @@
 #   docker build -t kf-culler:0.1.0 .
 #
 # Build stage: install the package and its runtime dependencies (no test extras) into a virtual
-# environment. Final stage: the same slim Python base, that environment, no sources, no root.
+# environment (.dockerignore leaves out the demo and its local components, kf_culler/local). Final
+# stage: the same slim Python base, that environment, no sources, no root.
 
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \

@@ -141,8 +141,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         record_hash_key=args.record_hash_key, json_logs=not args.text_logs))
 
 
+# What `kf-culler demo` needs beyond the runtime dependencies: its local components (not in the container
+# image) and the `demo` extra (pyproject.toml). Looked up, not imported: Jupyter runs in a subprocess.
+DEMO_MODULES = ("kf_culler.local", "cryptography", "jupyter_server", "jupyter_server_terminals", "ipykernel",
+                "jupyter_client")
+DEMO_INSTALL = "pip install -e '.[demo]' (from a source checkout; or pip install 'kf-culler[demo]')"
+
+
+def missing_demo_modules() -> list[str]:
+    import importlib.util
+
+    missing = []
+    for name in DEMO_MODULES:
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):  # ValueError: blocked with sys.modules[name] = None
+            found = None
+        if found is None:
+            missing.append(name)
+    return missing
+
+
+def demo_unavailable(missing: Sequence[str]) -> int:
+    print(f"kf-culler demo needs the demo extra, and {', '.join(missing)} cannot be imported: {DEMO_INSTALL}",
+          file=sys.stderr)
+    return 2
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    from kf_culler.local.cluster import ClusterError
+    missing = missing_demo_modules()
+    if missing:
+        return demo_unavailable(missing)
+    try:
+        from kf_culler.local.cluster import ClusterError
+    except ImportError as err:
+        return demo_unavailable([err.name or str(err)])
 
     try:
         if args.gpu:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def leftovers(mark: str) -> list[str]:
@@ -39,6 +39,26 @@ def demo_env() -> tuple[str, dict[str, str]]:
     return mark, {**os.environ, "KF_CULLER_TEST_RUN": mark}
 
 
+@pytest.mark.parametrize("blocked", ["cryptography", "jupyter_server", "kf_culler.local"])
+@pytest.mark.parametrize("gpu", [False, True])
+def test_demo_without_its_extra_says_what_to_install(blocked: str, gpu: bool) -> None:
+    """`pip install kf-culler` without `[demo]` (or the container image, which has no kf_culler.local):
+    one line naming what to install, exit 2, no traceback."""
+    argv = ["demo", "--gpu"] if gpu else ["demo"]
+    code = f"import sys; sys.modules[{blocked!r}] = None\nfrom kf_culler.cli import main\nsys.exit(main({argv!r}))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert blocked in lines[0] and "pip install -e '.[demo]'" in lines[0]
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_demo_stops_the_idle_notebook_and_cleans_up() -> None:
     mark, env = demo_env()
     done = subprocess.run([sys.executable, "-m", "kf_culler", "demo", "--idle-seconds", "8",
@@ -52,6 +72,8 @@ def test_demo_stops_the_idle_notebook_and_cleans_up() -> None:
     assert leftovers(mark) == []
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_demo_interrupted_leaves_nothing_running() -> None:
     mark, env = demo_env()
     proc = subprocess.Popen([sys.executable, "-m", "kf_culler", "demo", "--idle-seconds", "600"],

@@ -195,6 +195,9 @@ def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest(tmp_path: Pa
     assert (ctx / "pyproject.toml").is_file()
     assert (ctx / "kf_culler" / "cli.py").is_file()
     assert not (ctx / "tests").exists()
+    # The image runs the culler, not the demo: no local components (control plane, Jupyter, Prometheus).
+    assert not (ctx / "kf_culler" / "local").exists()
+    assert not list((ctx / "kf_culler").glob("demo*.py"))
     assert not list(ctx.rglob("__pycache__"))
 
 
@@ -255,6 +258,26 @@ def test_build_stage_installs_a_working_kf_culler(stages: list[Stage], tmp_path:
     assert "--metrics-address" in run.stdout
     # Only runtime dependencies: the test tools are not in the image.
     python = venv_dir / "bin" / "python"
-    for test_only in ("pytest", "hypothesis", "mypy"):
+    for test_only in ("pytest", "hypothesis", "mypy", "cryptography", "jupyter_server"):
         probe = subprocess.run([str(python), "-c", f"import {test_only}"], capture_output=True, timeout=60)
         assert probe.returncode != 0, f"{test_only} is installed in the image"
+    # The installed package: no local components, no demo, no test code, no test support.
+    site = subprocess.run([str(python), "-c", "import kf_culler, os; print(os.path.dirname(kf_culler.__file__))"],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert site.returncode == 0, site.stderr
+    installed = Path(site.stdout.strip())
+    assert installed.is_relative_to(venv_dir), installed
+    assert (installed / "cli.py").is_file() and (installed / "kube").is_dir()
+    for absent in ("local", "testing", "demo.py", "demo_gpu.py"):
+        assert not (installed / absent).exists(), f"kf_culler/{absent} is in the image"
+    packages = installed.parent
+    assert not (packages / "tests").exists() and not (packages / "support").exists()
+    test_code = [p for p in installed.rglob("*.py")
+                 if p.name.startswith("test_") or p.name == "conftest.py"
+                 or any(line.startswith(("import pytest", "from pytest"))
+                        for line in p.read_text(encoding="utf-8").splitlines())]
+    assert test_code == [], test_code
+    # The demo says what it needs instead of a traceback.
+    run = subprocess.run([str(exe), "demo"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "kf_culler.local" in run.stderr and "Traceback" not in run.stderr
