@@ -82,6 +82,7 @@ class Runner:
     on_observed: Any = None
     cache: ClusterCache | None = None
     tracer: Any = None
+    notifier: Any = None  # kf_culler.notify.notifier.Notifier (notices of warnings and stops), or None
     _sources: tuple[GpuSource | None, PodSource | None] | None = None
     last_cycle_end: float = 0.0
     cycles: int = 0
@@ -93,6 +94,7 @@ class Runner:
         writer = None if (self.dry_run or self.settings.operations.dry_run) else Writer(self.api)
         cycle = Cycle(self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write,
                       on_result=self.on_result, on_observed=self.on_observed)
+        cycle.notifier = self.notifier if writer is not None else None
         if self.tracer is not None:
             cycle.tracer = self.tracer
         return cycle
