@@ -140,6 +140,84 @@ class DcgmSettings(_Model):
     insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
 
 
+NotifyKind = Literal["warn", "stop", "restart"]
+
+
+class EmailSettings(_Model):
+    """Mail to the notebook's owner over SMTP. The password comes from a file (a mounted Secret)."""
+
+    enabled: bool = False
+    host: str | None = Field(default=None, min_length=1)
+    port: int = Field(default=587, ge=1, le=65535)
+    tls: Literal["starttls", "implicit", "none"] = "starttls"
+    username: str | None = Field(default=None, min_length=1)
+    password_file: str | None = Field(default=None, alias="passwordFile", min_length=1)
+    sender: str | None = Field(default=None, alias="from", min_length=3)
+    cc: tuple[str, ...] = Field(default=(), strict=False)  # a YAML list
+    ca_file: str | None = Field(default=None, alias="caFile")
+    profile_owner: bool = Field(default=True, alias="profileOwner")
+    owner_cache_seconds: float = Field(default=300, alias="ownerCacheSeconds", ge=0, le=86400)
+
+    @model_validator(mode="after")
+    def _complete(self) -> EmailSettings:
+        if self.enabled and (self.host is None or self.sender is None):
+            raise ValueError("notifications.email.enabled needs notifications.email.host and .from")
+        if self.password_file is not None and self.username is None:
+            raise ValueError("notifications.email.passwordFile needs notifications.email.username")
+        return self
+
+
+class Webhook(_Model):
+    name: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+    format: Literal["generic", "slack", "teams"] = "generic"
+    url_file: str | None = Field(default=None, alias="urlFile", min_length=1)
+    url_env: str | None = Field(default=None, alias="urlEnv", min_length=1)
+    namespaces: Namespaces = Field(default_factory=Namespaces)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Webhook:
+        if (self.url_file is None) == (self.url_env is None):
+            raise ValueError(f"webhook '{self.name}' needs exactly one of urlFile and urlEnv")
+        return self
+
+
+class Templates(_Model):
+    """string.Template texts; None: the built-in text (kf_culler/notify/message.py)."""
+
+    warn_subject: str | None = Field(default=None, alias="warnSubject")
+    warn_body: str | None = Field(default=None, alias="warnBody")
+    stop_subject: str | None = Field(default=None, alias="stopSubject")
+    stop_body: str | None = Field(default=None, alias="stopBody")
+    restart_subject: str | None = Field(default=None, alias="restartSubject")
+    restart_body: str | None = Field(default=None, alias="restartBody")
+
+
+class Notifications(_Model):
+    """Notices of warnings and stops to the notebook's owner (email) and to webhooks. Off by default."""
+
+    kinds: tuple[NotifyKind, ...] = Field(default=("warn", "stop"), strict=False)
+    queue_size: int = Field(default=1000, alias="queueSize", ge=1, le=100_000)
+    attempts: int = Field(default=3, ge=1, le=10)
+    backoff_seconds: float = Field(default=2, alias="backoffSeconds", ge=0, le=300)
+    max_backoff_seconds: float = Field(default=30, alias="maxBackoffSeconds", ge=0, le=3600)
+    timeout_seconds: float = Field(default=10, alias="timeoutSeconds", gt=0, le=300)
+    dashboard_url: str | None = Field(default=None, alias="dashboardUrl")
+    templates: Templates = Field(default_factory=Templates)
+    email: EmailSettings = Field(default_factory=EmailSettings)
+    webhooks: tuple[Webhook, ...] = Field(default=(), strict=False)  # a YAML list
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Notifications:
+        names = [w.name for w in self.webhooks]
+        if len(names) != len(set(names)):
+            raise ValueError("notifications.webhooks: names must be unique")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.email.enabled or bool(self.webhooks)
+
+
 class Operations(_Model):
     """Settings that shape how the culler runs, not what it decides."""
 
@@ -155,6 +233,7 @@ class Operations(_Model):
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     rstudio: RStudioSettings = Field(default_factory=RStudioSettings)
     dcgm: DcgmSettings = Field(default_factory=DcgmSettings)
+    notifications: Notifications = Field(default_factory=Notifications)
 
 
 _POLICY_KEYS = {f.alias or n for n, f in Policy.model_fields.items()}
@@ -183,6 +262,27 @@ def _describe(err: ValidationError, source: str, prefix: str = "") -> str:
     return "; ".join(parts)
 
 
+# Credentials never sit in the ConfigMap: these keys are refused with a message naming the file key to use.
+_INLINE_SECRETS = {"password": "passwordFile", "url": "urlFile (or urlEnv)"}
+
+
+def _refuse_inline_secrets(raw: object, source: str) -> None:
+    if not isinstance(raw, dict):
+        return
+    places: list[tuple[str, object]] = [("notifications.email", raw.get("email"))]
+    hooks = raw.get("webhooks")
+    if isinstance(hooks, list):
+        places += [(f"notifications.webhooks[{i}]", h) for i, h in enumerate(hooks)]
+    for where, section in places:
+        if not isinstance(section, dict):
+            continue
+        for key, instead in _INLINE_SECRETS.items():
+            if key in section:
+                raise ConfigError(
+                    f"{source}: key '{where}.{key}': credentials are not read from the configuration (it is a "
+                    f"ConfigMap); put the value in the Secret kf-culler-notifications and set {instead}")
+
+
 def load_mapping(data: object, source: str) -> Settings:
     """Validate a decoded mapping (from a file or a scenario's `config`)."""
     if data is None:
@@ -193,6 +293,7 @@ def load_mapping(data: object, source: str) -> Settings:
     if unknown:
         raise ConfigError(f"{source}: unknown key '{unknown[0]}'" + (
             f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+    _refuse_inline_secrets(data.get("notifications"), source)
     base_raw = {k: v for k, v in data.items() if k in _POLICY_KEYS}
     try:
         policy = Policy.model_validate(base_raw)

@@ -66,6 +66,7 @@ class Cycle:
     on_result: Callable[[NotebookResult], None] | None = None
     on_observed: Callable[[datetime, dict[str, Any], dict[str, Any] | None, dict[str, Any]], None] | None = None
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("kf_culler"))
+    notifier: Any = None  # kf_culler.notify.notifier.Notifier: offered each write, never blocks the pass
 
     def selected(self, notebook: dict[str, Any], pod: dict[str, Any] | None) -> bool:
         meta = notebook.get("metadata") or {}
@@ -168,6 +169,8 @@ class Cycle:
                     aspan.set_attributes({"kf_culler.write": result.write.outcome,
                                           "kf_culler.conflicts": result.write.conflicts,
                                           "kf_culler.event": result.write.event or "none"})
+                    if self.notifier is not None:
+                        self.notifier.offer_result(result)
             return result
 
 

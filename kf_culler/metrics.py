@@ -41,6 +41,9 @@ class Metrics:
         self.api_writes = Counter("kf_culler_api_writes", "Writes to the API server", ["kind"], registry=r)
         self.gpu_hours = Counter("kf_culler_gpu_hours_reclaimed",
                                  "GPU-hours reclaimed: GPUs x time from a stop until a restart or now", registry=r)
+        self.notifications = Counter("kf_culler_notifications", "Notices of warnings and stops, by channel, kind "
+                                     "and outcome (sent, failed, dropped, no-recipient)",
+                                     ["channel", "kind", "outcome"], registry=r)
         self.leader = Gauge("kf_culler_leader", "1 while this replica holds the lease", registry=r)
         self._accounted: dict[tuple[str, str], datetime] = {}
         self._started = time.time()
