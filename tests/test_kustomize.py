@@ -280,6 +280,8 @@ CLUSTER_GRANTS = {
     ("", "pods"): {"get", "list", "watch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    ("kubeflow.org", "profiles"): {"get", "list"},  # the notice's recipient (notifications.email)
+    ("", "namespaces"): {"get"},  # an admin's notebook-culler.io/notify-email on the namespace
     ("authentication.k8s.io", "tokenreviews"): {"create"},  # the verdict API's caller check
 }
 
@@ -504,3 +506,31 @@ def test_network_policy_lets_the_culler_reach_what_it_needs() -> None:
         for r in to_notebooks)
     assert not any(selects(peer["podSelector"], {"app": "other"})
                    for r in to_notebooks for peer in r["to"] if "podSelector" in peer)
+
+
+# --- notifications component ------------------------------------------------------------------------
+
+
+def test_notifications_component_mounts_the_secret_read_only(tmp_path: Path) -> None:
+    """An overlay that adds components/notifications renders; the Secret is mounted, never the ConfigMap's."""
+    import os
+
+    rel = os.path.relpath(KUSTOMIZE, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: kubeflow\n"
+        f"resources:\n  - {rel}/overlays/kubeflow\ncomponents:\n  - {rel}/components/notifications\n")
+    assert KUBECTL is not None
+    proc = subprocess.run([KUBECTL, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    pod = culler(objs)["spec"]["template"]["spec"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "notifications"]
+    assert vol["secret"]["secretName"] == "kf-culler-notifications"
+    (mount,) = [m for m in container(culler(objs))["volumeMounts"] if m["name"] == "notifications"]
+    assert mount == {"name": "notifications", "mountPath": "/etc/kf-culler/notifications", "readOnly": True}
+    assert {m["name"] for m in container(culler(objs))["volumeMounts"]} >= {"config", "tmp", "notifications"}
+    smtp = one(objs, "NetworkPolicy", "kf-culler-notifications")
+    assert smtp["metadata"]["namespace"] == NAMESPACE
+    assert {p["port"] for e in smtp["spec"]["egress"] for p in e["ports"]} == {25, 465, 587}
+    docs = (KUSTOMIZE / "components" / "notifications" / "kustomization.yaml").read_text()
+    assert "smtp-password" in docs and "webhook-<name>" in docs
