@@ -216,7 +216,8 @@ def run_child(params_path: str) -> int:
 
     from kf_culler.config import load_mapping
     from kf_culler.cycle import NotebookResult
-    from kf_culler.runner import Runner, api_client
+    from kf_culler.kube.client import api_client
+    from kf_culler.runner import Runner
 
     settings = load_mapping(yaml.safe_load(Path(params["config"]).read_text()), params["config"])
     period = settings.operations.check_period_seconds

@@ -57,7 +57,8 @@ def _settings(args: argparse.Namespace) -> Settings | None:
 
 
 def _runner(args: argparse.Namespace, settings: Settings) -> Runner | None:
-    from kf_culler.runner import Runner, api_client
+    from kf_culler.kube.client import api_client
+    from kf_culler.runner import Runner
 
     try:
         api = api_client(args.kubeconfig)

@@ -37,9 +37,7 @@ def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0
         router.start()
 
         say("2. Starting two real Jupyter servers on loopback, as Kubeflow runs them ...")
-        from kubernetes import client
-
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        obj.create_namespace(api, NAMESPACE)
         started = datetime.now(UTC) - timedelta(hours=1)
         for name in ("training", "forgotten"):
             s = JupyterServer(NAMESPACE, name)

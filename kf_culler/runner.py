@@ -19,20 +19,6 @@ from kf_culler.kube.writer import Writer
 log = logging.getLogger("kf_culler")
 
 
-def api_client(kubeconfig: str | None) -> Any:
-    """A client from --kubeconfig, the in-cluster service account, or the default kubeconfig."""
-    import os
-
-    from kubernetes import client, config
-
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        return client.ApiClient()
-    return config.new_client_from_config()
-
-
 def gpu_window_minutes(settings: Settings) -> float:
     """How far back GPU evidence must reach: the longest idle limit any policy can apply, plus a margin.
 

@@ -82,7 +82,7 @@ def serve(runner: Runner, opts: Options) -> int:
     elector: LeaderElector | None = None
     recorder: Any = None
     if opts.record:
-        from kf_culler.replay.trace import TraceRecorder
+        from kf_culler.replay.recorder import TraceRecorder
 
         recorder = TraceRecorder(opts.record, hash_key=opts.record_hash_key,
                                  check_period_seconds=runner.settings.operations.check_period_seconds)

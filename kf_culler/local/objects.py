@@ -27,6 +27,12 @@ def notebook(name: str, server_type: str = "jupyter", gpus: int = 0, annotations
     }
 
 
+def create_namespace(api: Any, name: str) -> None:
+    from kubernetes import client
+
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+
+
 def create_notebook(api: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
     from kubernetes import client
 

@@ -282,12 +282,3 @@ def _records(path: str | Path) -> Iterator[Record]:
                                  f"{format_time(previous)})")
             last_time[key] = now
             yield Record(now, key, notebooks[key], pods.get(key), obs, truth, n, obs_text, name)
-
-
-def __getattr__(name: str) -> Any:
-    """`TraceRecorder` is also importable from here (it lives in kf_culler.replay.recorder)."""
-    if name == "TraceRecorder":
-        from kf_culler.replay.recorder import TraceRecorder
-
-        return TraceRecorder
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
