@@ -126,8 +126,12 @@ def _stamp(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpec, concurrency: int = 48) -> None:
-    """Notebooks (with Kubeflow's culling annotations as its culler initialises them) and Running pods."""
+async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpec, concurrency: int = 48,
+                       shown_spread_seconds: float = 7200.0) -> None:
+    """Notebooks (with Kubeflow's culling annotations as its culler initialises them) and Running pods.
+
+    `last-activity` is spread over the last `shown_spread_seconds` (the culler's lastActivityStepMinutes),
+    so an active notebook's rewrites land evenly in time, as in a steady state under that step."""
     import aiohttp
 
     from kf_culler.local.objects import notebook
@@ -153,9 +157,9 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
 
         async def one(m: Member) -> None:
             gpus = 1 if m.gpu else 0
-            # Steady state of a cluster where built-in culling ran once: last-activity written at some
-            # point of the last two hours (one write per lastActivityStepMinutes then lands evenly).
-            shown = _stamp(spec.t0 - 7200 * _phase(m.name))
+            # Steady state: last-activity written at some point of the last lastActivityStepMinutes
+            # (one write per step then lands evenly in time).
+            shown = _stamp(spec.t0 - shown_spread_seconds * _phase(m.name))
             body = notebook(m.name, "group-one" if m.kind == "codeserver" else "jupyter", gpus,
                             {LAST_ACTIVITY: shown, CHECK_TIMESTAMP: now})
             body["metadata"]["namespace"] = m.namespace
@@ -395,7 +399,7 @@ class Bench:
         tls = (str(c.ca.cert), str(c.admin.cert), str(c.admin.key))
         log(f"API server up in {time.monotonic() - t:.1f} s; creating {spec.notebooks + spec.crossing} notebooks")
         t = time.monotonic()
-        asyncio.run(create_fleet(c.server, *tls, spec))
+        asyncio.run(create_fleet(c.server, *tls, spec, shown_spread_seconds=60 * self._step_minutes()))
         self.report["setup"] = {"createSeconds": time.monotonic() - t, "objects": 3 * (spec.notebooks + spec.crossing)}
         log(f"created in {self.report['setup']['createSeconds']:.1f} s; load {loadavg()}")
 
@@ -451,6 +455,15 @@ class Bench:
             self.report["kubeflow"] = self.kubeflow(spec, base, tls)
         self.report["machine"]["loadAtEnd"] = loadavg()
         return self.report
+
+    def _step_minutes(self) -> float:
+        """lastActivityStepMinutes as the culler will run with it (the shipped file, then --set)."""
+        step = float(self._base_config().get("lastActivityStepMinutes", 10))
+        for item in self.args.set or []:
+            key, _, value = item.partition("=")
+            if key == "lastActivityStepMinutes":
+                step = float(json.loads(value))
+        return step
 
     def _base_config(self) -> dict[str, Any]:
         import yaml
