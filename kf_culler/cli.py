@@ -122,8 +122,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"kf-culler explain: {ns}/{name} is not selected by the configuration "
               "(namespaces.include/exclude or gpuOnly)", file=sys.stderr)
         return 1
-    print(explain(result.results[0]))
+    print(explain(result.results[0], _notifications(runner, ns, name)))
     return 0
+
+
+def _notifications(runner: Runner, ns: str, name: str) -> str:
+    """The explain line for notices: off, or the last failed delivery (a NotificationFailed Event)."""
+    if not runner.settings.operations.notifications.enabled:
+        return "off"
+    from kf_culler.notify.notifier import last_failure
+
+    try:
+        failed = last_failure(runner.api, ns, name)
+    except Exception as err:
+        return f"could not read the notebook's Events ({type(err).__name__})"
+    return f"last failure {failed}" if failed else "no failed delivery recorded"
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -58,7 +58,7 @@ def render(result: CycleResult, fmt: str) -> str:
     return table(result, wide=fmt == "wide")
 
 
-def explain(r: NotebookResult) -> str:
+def explain(r: NotebookResult, notifications: str | None = None) -> str:
     v = r.verdict
     out = [f"Notebook {r.namespace}/{r.name}  (server type {r.server_type}, {r.gpus} GPU(s))", ""]
     out.append(f"Verdict: {v.action} / {v.state}   (rule {v.rule})")
@@ -82,6 +82,9 @@ def explain(r: NotebookResult) -> str:
     for call in r.calls:
         out.append(f"  GET {call.url} -> {call.status or '-'} in {call.seconds * 1000:.0f} ms"
                    + (f" ({call.error})" if call.error else ""))
+    if notifications is not None:
+        out.append("")
+        out.append(f"Notifications: {notifications}")
     if r.plan is not None and not r.plan.empty:
         out.append("")
         out.append(f"Would write: annotations {json.dumps(r.plan.annotations)}"
