@@ -1,4 +1,4 @@
-"""Plain data shared by every layer: annotation keys, the notebook view, and the verdict."""
+"""Plain data shared by every layer: annotation keys, rule ids and the verdict (notebook view: notebook.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from kf_culler.ide import IDE_SOURCES
+from kf_culler.ide import SERVER_SOURCES as SERVER_SOURCES
 from kf_culler.timeutil import format_time
 
 # Kubeflow's keys
@@ -34,8 +36,12 @@ STOPPED_BY_VALUE = "kf-culler"
 
 Action = Literal["keep", "warn", "stop"]
 State = Literal["active", "connected", "idle", "no-signal", "starting", "exempt", "stopped"]
-SOURCES = ("jupyter", "codeServer", "rstudio", "gpu")
-SERVER_SOURCES = {"jupyter": "jupyter", "group-one": "codeServer", "group-two": "rstudio"}
+# The rule that decided (docs/decisions.md, "The rules, in order"); public: a metrics label, Events.
+RuleId = Literal[
+    "1-stopped", "2-exempt", "3-restarted", "3-starting", "5-positive-evidence", "6-no-signal",
+    "6-half-evidence", "9-connected", "9-connected-gpu-idle", "10-idle",
+]
+SOURCES = (*IDE_SOURCES, "gpu")
 
 
 class InputError(ValueError):
@@ -47,7 +53,7 @@ class Verdict:
     action: Action
     state: State
     reason: str
-    rule: str
+    rule: RuleId
     server_type: str | None = None
     gpu_notebook: bool = False
     idle_since: datetime | None = None

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -158,14 +157,49 @@ def test_rule_table(title: str, changes: dict[str, Any], action: str, state: str
 
 
 def test_the_table_names_every_rule_a_verdict_can_carry() -> None:
-    """`rule` is public (a metrics label, Events): every rule id decide.py can return appears in the table,
+    """`rule` is public (a metrics label, Events): every rule id of the rule table has a case in this table,
     so a new rule without a table case fails here."""
-    import kf_culler.decide
+    from kf_culler.rules import RULES
 
-    source = Path(kf_culler.decide.__file__).read_text(encoding="utf-8")
-    in_decide = set(re.findall(r'"(\d+-[a-z]+(?:-[a-z]+)*)"', source))
-    assert {"1-stopped", "3-starting", "6-no-signal", "10-idle"} <= in_decide  # the pattern finds them
-    assert {c[4] for c in CASES} == in_decide
+    assert {c[4] for c in CASES} == {r.id for r in RULES}
+
+
+def test_rule_ids_are_the_rule_id_type_and_documented() -> None:
+    """The rule table's ids are exactly `RuleId`'s values, and docs/decisions.md names every one."""
+    from kf_culler.model import RuleId
+    from kf_culler.rules import RULES
+
+    ids = set(get_args(RuleId))
+    assert {r.id for r in RULES} == ids
+    doc = (Path(__file__).parent.parent / "docs" / "decisions.md").read_text(encoding="utf-8")
+    assert {i for i in ids if f"`{i}`" not in doc} == set()
+
+
+@pytest.mark.parametrize("title,changes,action,state,rule", CASES, ids=[c[0] for c in CASES])
+def test_the_rule_that_decides_is_the_table_entry_with_that_id(title: str, changes: dict[str, Any], action: str,
+                                                              state: str, rule: str) -> None:
+    from kf_culler.config import load_mapping
+    from kf_culler.notebook import NotebookView
+    from kf_culler.rules import RULES
+    from kf_culler.rules.evidence import gather
+    from kf_culler.timeutil import parse_time
+
+    doc = scenario(**changes)
+    now = parse_time(doc["now"])
+    assert now is not None
+    policy = load_mapping(doc["config"], "test").policy_for(doc["notebook"]["metadata"]["namespace"])
+    ev = gather(NotebookView.of(doc["notebook"], doc["pod"], policy), doc["observations"], policy, now)
+    entry, verdict = next((r, v) for r in RULES if (v := r.check(ev, policy, now)) is not None)
+    assert verdict.rule == entry.id == rule
+
+
+def test_no_rule_is_longer_than_60_lines() -> None:
+    import inspect
+
+    from kf_culler.rules import RULES
+
+    for entry in RULES:
+        assert len(inspect.getsource(entry.check).splitlines()) <= 60, entry.check.__name__
 
 
 def test_reason_names_both_idle_signals_for_code_server() -> None:

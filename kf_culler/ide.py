@@ -1,0 +1,56 @@
+"""The IDE kinds a notebook can run, in one place: which server type reads which source, and how.
+
+Rule 4 (docs/decisions.md): the annotation `notebooks.kubeflow.org/server-type` picks the kind; only that
+kind's source is evidence about the IDE. A new IDE is one more `IdeKind` here (plus its source).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kf_culler.readings import IdeReading, parse_code_server, parse_jupyter, parse_rstudio
+
+
+@dataclass(frozen=True)
+class IdeKind:
+    server_type: str  # the value of notebooks.kubeflow.org/server-type
+    source: str  # the observations key of its source
+    name: str  # as users know it
+    parse: Callable[[object], IdeReading]
+    idle_words: str  # what "idle" means for it, in a reason
+    busy_words: str  # what "busy" means for it, in a reason
+    connected_words: str  # what "connected" means for it, in a reason
+    url_key: str | None  # the `urls` config key of its probe URL template; None: not probed by URL
+    connection_is_only_signal: bool = False  # when connected, the IDE says nothing else about idleness
+
+
+IDE_KINDS: tuple[IdeKind, ...] = (
+    IdeKind("jupyter", "jupyter", "Jupyter", parse_jupyter,
+            idle_words="no kernel, terminal or server activity",
+            busy_words="A kernel is running code",
+            connected_words="A client is connected to a kernel",
+            url_key="jupyter"),
+    IdeKind("group-one", "codeServer", "code-server", parse_code_server,
+            idle_words="no browser connected to code-server",
+            busy_words="code-server is running work",
+            connected_words="A browser is connected",
+            url_key="codeServer", connection_is_only_signal=True),
+    IdeKind("group-two", "rstudio", "RStudio", parse_rstudio,
+            idle_words="no RStudio activity",
+            busy_words="RStudio is running work",
+            connected_words="A browser is connected",
+            url_key=None),
+)
+BY_SERVER_TYPE: dict[str, IdeKind] = {k.server_type: k for k in IDE_KINDS}
+BY_SOURCE: dict[str, IdeKind] = {k.source: k for k in IDE_KINDS}
+DEFAULT_SERVER_TYPE = "jupyter"  # a notebook without the annotation (or a matching image rule)
+
+# Derived views, for code that wants one fact only.
+SERVER_SOURCES: dict[str, str] = {k.server_type: k.source for k in IDE_KINDS}
+IDE_PARSERS: dict[str, Callable[[object], IdeReading]] = {k.source: k.parse for k in IDE_KINDS}
+IDE_SOURCES: tuple[str, ...] = tuple(k.source for k in IDE_KINDS)
+
+
+def for_server_type(server_type: str) -> IdeKind | None:
+    return BY_SERVER_TYPE.get(server_type)

@@ -1,0 +1,8 @@
+"""The decision rules (docs/decisions.md): `table.py` holds them in order, `evidence.py` what they read.
+
+decide(notebook, pod, observations, policy, now) -> Verdict; pure: no I/O, no clock.
+"""
+
+from kf_culler.rules.table import RULES, Rule, decide
+
+__all__ = ["RULES", "Rule", "decide"]

@@ -1,0 +1,149 @@
+"""Evidence: everything the rules read about one notebook, computed once before any rule runs.
+
+Which source speaks for the IDE (rule 4), what it and the GPU said or why they could not be read
+(rule 6), when the pod started (rule 3) and the idle clock (rule 7): docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kf_culler.config import Policy
+from kf_culler.ide import IdeKind, for_server_type
+from kf_culler.model import RESTARTED_AT_ANNOTATION, SOURCES
+from kf_culler.notebook import NotebookView
+from kf_culler.readings import GpuSample, IdeReading, Unreadable, parse_gpu, source_error
+from kf_culler.timeutil import format_time, parse_time
+
+
+def works(s: GpuSample, policy: Policy) -> bool:
+    """Rule 8: GPU work needs both utilisation and memory."""
+    return s.util_percent >= policy.gpu.util_percent and s.memory_mib >= policy.gpu.memory_mib
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    samples: tuple[GpuSample, ...]
+    last_work: datetime | None
+    idle_since: datetime  # conservative: we only know it idle since the last work or the first sample
+    working_now: bool
+
+
+def read_gpu(raw: object, policy: Policy) -> GpuReading:
+    samples = parse_gpu(raw)
+    work = [s.time for s in samples if works(s, policy)]
+    last_work = max(work) if work else None
+    return GpuReading(samples, last_work, last_work or samples[0].time, works(samples[-1], policy))
+
+
+@dataclass(frozen=True)
+class Clock:
+    """When the pod counts as started, and the idle clock (rule 7), for a notebook with a running pod."""
+
+    started: datetime  # the pod's start, or a later restart the culler saw (rule 3); never after now
+    idle_since: datetime  # latest of every readable activity, connection, GPU work and `started`
+    work_since: datetime  # the same without connections: a connection is not work (rule 9)
+
+    def idle_seconds(self, now: datetime) -> float:
+        return (now - self.idle_since).total_seconds()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    view: NotebookView
+    ide_kind: IdeKind | None  # None: an unknown server type
+    ide: IdeReading | None
+    ide_problem: str | None  # why there is no IDE reading
+    gpu: GpuReading | None
+    gpu_problem: str | None  # why a GPU notebook has no GPU reading
+    clock: Clock | None  # None: no running pod
+    record: dict[str, Any]  # how each source's answer was read: the verdict's `evidence`
+
+    @property
+    def annotations(self) -> Mapping[str, Any]:
+        return self.view.annotations
+
+    @property
+    def missing(self) -> str | None:
+        """What is missing for a full reading (rule 6), if anything."""
+        return self.ide_problem or self.gpu_problem
+
+
+def _restarted_at(ann: Mapping[str, Any], now: datetime) -> datetime | None:
+    """When the culler saw the notebook started again after its own stop; a time in the future is
+    not one the culler wrote, and is ignored."""
+    t = parse_time(ann.get(RESTARTED_AT_ANNOTATION))
+    return t if t is not None and t <= now else None
+
+
+def _read_ide(kind: IdeKind | None, stype: str, observations: dict[str, Any],
+              record: dict[str, Any]) -> tuple[IdeReading | None, str | None]:
+    if kind is None:
+        return None, f"unknown server type {stype!r}"
+    if kind.source not in observations:
+        return None, f"{kind.name} was not asked"
+    try:
+        ide = kind.parse(observations[kind.source])
+    except Unreadable as err:
+        record[kind.source] = {"read": False, "error": str(err)}
+        return None, f"could not read {kind.name}: {err}"
+    record[kind.source] = {"read": True, **ide.summary}
+    return ide, None
+
+
+def _read_gpu(gpus: int, observations: dict[str, Any], policy: Policy,
+              record: dict[str, Any]) -> tuple[GpuReading | None, str | None]:
+    if gpus == 0 and "gpu" not in observations:
+        return None, None
+    if "gpu" not in observations:
+        return None, "GPU metrics were not asked"
+    raw = observations["gpu"]
+    try:
+        gpu = read_gpu(raw, policy)
+    except Unreadable as err:
+        record["gpu"] = {"read": False, "error": str(err)}
+        # a CPU notebook needs no GPU evidence
+        return None, None if gpus == 0 else (
+            f"no GPU metrics: {err}" if source_error(raw) is None else f"no GPU metrics ({err})")
+    latest = gpu.samples[-1]
+    record["gpu"] = {
+        "read": True, "samples": len(gpu.samples),
+        "latest": {"time": format_time(latest.time), "utilPercent": latest.util_percent,
+                   "memoryUsedMiB": latest.memory_mib},
+        "lastWork": format_time(gpu.last_work) if gpu.last_work else None,
+    }
+    return gpu, None
+
+
+def _clock(view: NotebookView, ide: IdeReading | None, gpu: GpuReading | None, now: datetime) -> Clock | None:
+    if view.pod_start is None:
+        return None
+    started = min(view.pod_start, now)
+    restarted = _restarted_at(view.annotations, now)
+    if restarted is not None and restarted > started:
+        started = restarted
+    work = [started]
+    connections = []
+    if ide is not None:
+        work.extend(ide.activity)
+        if ide.connected_at is not None:
+            connections.append(ide.connected_at)
+    if gpu is not None and gpu.last_work is not None:
+        work.append(gpu.last_work)
+    return Clock(started, min(max(work + connections), now), min(max(work), now))
+
+
+def gather(view: NotebookView, observations: dict[str, Any], policy: Policy, now: datetime) -> Evidence:
+    """Read every source once (rules 4, 6, 7, 8). Never raises for a broken observation."""
+    kind = for_server_type(view.server_type)
+    ide_source = kind.source if kind is not None else None
+    record: dict[str, Any] = {}
+    for key in SOURCES:
+        if key in observations and key not in (ide_source, "gpu"):
+            record[key] = {"ignored": f"not the source for server type {view.server_type!r}"}
+    ide, ide_problem = _read_ide(kind, view.server_type, observations, record)
+    gpu, gpu_problem = _read_gpu(view.gpus, observations, policy, record)
+    return Evidence(view, kind, ide, ide_problem, gpu, gpu_problem, _clock(view, ide, gpu, now), record)

@@ -1,0 +1,287 @@
+"""The rules, in order: each reads the Evidence and returns a Verdict or None; the first verdict wins.
+
+Each rule's docstring names its rule in docs/decisions.md ("The rules, in order"), which says what it
+decides and why; the reason texts here are what users read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kf_culler.config import Policy
+from kf_culler.model import (
+    EXEMPT_ANNOTATION,
+    KEEP_UNTIL_ANNOTATION,
+    STOP_ANNOTATION,
+    STOPPED_BY_ANNOTATION,
+    STOPPED_BY_VALUE,
+    Action,
+    InputError,
+    RuleId,
+    State,
+    Verdict,
+)
+from kf_culler.notebook import NotebookView
+from kf_culler.rules.evidence import Clock, Evidence, gather
+from kf_culler.rules.words import hhmm, minutes
+from kf_culler.timeutil import add_minutes, parse_time
+
+RuleFn = Callable[[Evidence, Policy, datetime], Verdict | None]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: RuleId
+    check: RuleFn
+
+
+def _verdict(ev: Evidence, action: Action, state: State, reason: str, rule: RuleId, *,
+             with_evidence: bool = True, idle_since: datetime | None = None, idle_seconds: float | None = None,
+             stop_at: datetime | None = None, warn_at: datetime | None = None) -> Verdict:
+    return Verdict(action, state, reason, rule, server_type=ev.view.server_type, gpu_notebook=ev.view.gpu_notebook,
+                   idle_since=idle_since, idle_seconds=idle_seconds, stop_at=stop_at, warn_at=warn_at,
+                   evidence=ev.record if with_evidence else {})
+
+
+def _plain(ev: Evidence, action: Action, state: State, reason: str, rule: RuleId) -> Verdict:
+    """A verdict decided before any source was read: it carries no evidence."""
+    return _verdict(ev, action, state, reason, rule, with_evidence=False)
+
+
+def _clock(ev: Evidence) -> Clock:
+    assert ev.clock is not None, "the starting rules come first"
+    return ev.clock
+
+
+# -- 1 to 3: before any evidence ---------------------------------------------------------------------------
+
+def stopped(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 1, stopped stays stopped."""
+    if STOP_ANNOTATION not in ev.annotations:
+        return None
+    return _plain(ev, "keep", "stopped", "The notebook is stopped; the culler leaves it as it is.", "1-stopped")
+
+
+def exempt(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 2, exempt."""
+    if not policy.allow_exempt or str(ev.annotations.get(EXEMPT_ANNOTATION, "")).strip().lower() != "true":
+        return None
+    return _plain(ev, "keep", "exempt",
+                  f"The notebook is exempt from idle culling ({EXEMPT_ANNOTATION}: \"true\").", "2-exempt")
+
+
+def restarted(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 3, a notebook this culler stopped, started again by its user."""
+    if ev.annotations.get(STOPPED_BY_ANNOTATION) != STOPPED_BY_VALUE:
+        return None
+    return _plain(ev, "keep", "starting", "The notebook was started again; idle culling waits "
+                  f"{minutes(policy.startup_grace_minutes * 60)} after a start.", "3-restarted")
+
+
+def no_running_pod(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 3, starting: no running pod."""
+    if ev.clock is not None:
+        return None
+    why = ("has no pod yet" if ev.view.pod is None
+           else "has no running pod yet: the old one is still shutting down" if ev.view.pod_deleting
+           else "has no running pod yet (it may be waiting for a GPU)")
+    return _plain(ev, "keep", "starting", f"The notebook {why}.", "3-starting")
+
+
+def in_grace(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 3, starting: inside the start-up grace."""
+    started = _clock(ev).started
+    if now >= add_minutes(started, policy.startup_grace_minutes):
+        return None
+    return _plain(ev, "keep", "starting",
+                  f"The notebook started {minutes((now - started).total_seconds())} ago; idle culling "
+                  f"waits {minutes(policy.startup_grace_minutes * 60)} after a start.", "3-starting")
+
+
+# -- 5 and 6: positive evidence, then no signal ------------------------------------------------------------
+
+def gpu_working(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 5, positive evidence: GPU work in the latest sample (rule 8)."""
+    if ev.gpu is None or not ev.gpu.working_now:
+        return None
+    s = ev.gpu.samples[-1]
+    return _verdict(ev, "keep", "active",
+                    f"The GPU is working ({s.util_percent:g}% utilisation, {s.memory_mib:g} MiB in use "
+                    f"at {hhmm(s.time, now)}).", "5-positive-evidence")
+
+
+def ide_busy(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 5, positive evidence: a busy kernel or session, unless busyKernelGpuIdleMinutes says it hung."""
+    if ev.ide is None or ev.ide_kind is None or not ev.ide.busy:
+        return None
+    limit = policy.busy_kernel_gpu_idle_minutes
+    if ev.gpu is not None and limit is not None and now >= add_minutes(min(ev.gpu.idle_since, now), limit):
+        return None
+    return _verdict(ev, "keep", "active", f"{ev.ide_kind.busy_words}.", "5-positive-evidence")
+
+
+def _half_evidence(ev: Evidence, policy: Policy, now: datetime) -> bool:
+    """The GPU reading is missing but the IDE shows activity inside the idle window (rule 6)."""
+    return (ev.gpu_problem is not None and ev.ide_problem is None
+            and now < add_minutes(_clock(ev).idle_since, policy.idle_minutes))
+
+
+def no_signal(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 6, no signal is not idleness; `noSignal` may stop after a time."""
+    missing = ev.missing
+    if missing is None or _half_evidence(ev, policy, now):
+        return None
+    clock = _clock(ev)
+    timing: dict[str, Any] = {"idle_since": clock.idle_since, "idle_seconds": clock.idle_seconds(now)}
+    idle = minutes(clock.idle_seconds(now))
+    reason = f"No signal: {missing}. A notebook is not stopped because it could not be read"
+    after = policy.no_signal.after_minutes
+    if policy.no_signal.action != "stop" or after is None:
+        return _verdict(ev, "keep", "no-signal", reason + ".", "6-no-signal", **timing)
+    stop_at = add_minutes(clock.idle_since, after)
+    warn_at = add_minutes(stop_at, -policy.warn_minutes)
+    if now >= stop_at:
+        return _verdict(ev, "stop", "no-signal",
+                        f"No signal for {idle} ({missing}); the policy stops notebooks that give no signal "
+                        f"for {minutes(after * 60)}.", "6-no-signal", stop_at=stop_at, warn_at=warn_at, **timing)
+    if policy.warn_minutes > 0 and now >= warn_at:
+        return _verdict(ev, "warn", "no-signal",
+                        f"No signal for {idle} ({missing}); it will be stopped at {hhmm(stop_at, now)} unless a "
+                        "signal returns.", "6-no-signal", stop_at=stop_at, warn_at=warn_at, **timing)
+    return _verdict(ev, "keep", "no-signal", reason + f" before {hhmm(stop_at, now)}.", "6-no-signal",
+                    stop_at=stop_at, **timing)
+
+
+# -- 9 to 12: connected, then warn and stop ----------------------------------------------------------------
+
+def connected(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 9, connected is not active: kept, unless connectedGpuIdleMinutes may reclaim its GPU."""
+    if ev.ide is None or ev.ide_kind is None or not ev.ide.connected:
+        return None
+    if policy.connected_gpu_idle_minutes is not None and ev.gpu is not None:
+        return None
+    clock = _clock(ev)
+    return _verdict(ev, "keep", "connected", f"{ev.ide_kind.connected_words}; connected sessions are kept.",
+                    "9-connected", idle_since=clock.idle_since, idle_seconds=clock.idle_seconds(now))
+
+
+def _extension(ev: Evidence, policy: Policy, now: datetime, stop_at: datetime) -> tuple[datetime, str]:
+    """Rule 12: the stop time a keep-until request moves to, and what the reason says about it."""
+    raw_until = ev.annotations.get(KEEP_UNTIL_ANNOTATION)
+    if raw_until is None:
+        return stop_at, ""
+    until = parse_time(raw_until)
+    if until is None:
+        return stop_at, f" ({KEEP_UNTIL_ANNOTATION} {str(raw_until)[:40]!r} is not a readable time and was ignored.)"
+    if policy.max_extend_minutes <= 0:
+        return stop_at, f" ({KEEP_UNTIL_ANNOTATION} is not honoured on this cluster.)"
+    if until <= stop_at:
+        return stop_at, ""
+    cap = add_minutes(stop_at, policy.max_extend_minutes)
+    moved = min(until, cap)
+    if until > cap:
+        return moved, (f" (The request to keep it until {hhmm(until, now)} was capped at {hhmm(moved, now)}, "
+                       "the longest extension this cluster allows.)")
+    return moved, f" (Kept until {hhmm(moved, now)} at the user's request.)"
+
+
+def _idle_words(ev: Evidence, state: State) -> str:
+    """What was idle, in words; a connected code-server's only IDE signal is the connection itself."""
+    assert ev.ide_kind is not None
+    words = [] if state == "connected" and ev.ide_kind.connection_is_only_signal else [ev.ide_kind.idle_words]
+    if ev.gpu is not None:
+        words.append("an idle GPU")
+    return " and ".join(words)
+
+
+def _warn_then_stop(ev: Evidence, policy: Policy, now: datetime, rule: RuleId, state: State,
+                    idle_since: datetime, limit: float) -> Verdict:
+    """Rules 10 and 12 over an idle clock and its limit; a half reading (rule 6) is only ever kept."""
+    assert ev.ide is not None
+    idle_seconds = (now - idle_since).total_seconds()
+    stop_at, note = _extension(ev, policy, now, add_minutes(idle_since, limit))
+    warn_at = add_minutes(stop_at, -policy.warn_minutes)
+    timing: dict[str, Any] = {"idle_since": idle_since, "idle_seconds": idle_seconds,
+                              "stop_at": stop_at, "warn_at": warn_at}
+    what, since, idle = _idle_words(ev, state), hhmm(idle_since, now), minutes(idle_seconds)
+    if ev.ide.busy:  # only reached when the busy kernel stopped counting (busyKernelGpuIdleMinutes)
+        note = (f" A kernel reports busy, but the GPU has been idle for over "
+                f"{minutes((policy.busy_kernel_gpu_idle_minutes or 0) * 60)}, so it is treated as hung.{note}")
+    if rule == "6-half-evidence":
+        return _verdict(ev, "keep", state, f"Idle for {idle} ({what} since {since}); GPU metrics are missing "
+                        f"({ev.gpu_problem}), so it will not be stopped on this evidence alone.", rule, **timing)
+    although = " although a browser is connected" if state == "connected" else ""
+    if now >= stop_at:
+        return _verdict(ev, "stop", state,
+                        f"Stopped after {idle} {'without work' if although else 'idle'}{although}: {what} since "
+                        f"{since} (limit {minutes(limit * 60)}). Your files in the home volume are kept; start "
+                        f"the notebook again to continue.{note}", rule, **timing)
+    if policy.warn_minutes > 0 and now >= warn_at:
+        return _verdict(ev, "warn", state,
+                        f"Idle for {idle}{although} ({what} since {since}); it will be stopped at "
+                        f"{hhmm(stop_at, now)} unless it is used. To ask for more time, set "
+                        f"{KEEP_UNTIL_ANNOTATION}.{note}", rule, **timing)
+    return _verdict(ev, "keep", state,
+                    f"Idle for {idle} ({what} since {since}); it will be stopped after {minutes(limit * 60)} "
+                    f"idle, at {hhmm(stop_at, now)}.{note}", rule, **timing)
+
+
+def half_evidence(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 6, half the evidence (GPU metrics missing, IDE active inside the window) never stops."""
+    if ev.missing is None:
+        return None
+    return _warn_then_stop(ev, policy, now, "6-half-evidence", "idle", _clock(ev).idle_since, policy.idle_minutes)
+
+
+def connected_gpu_idle(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 9 with connectedGpuIdleMinutes: a connected GPU session without work."""
+    limit = policy.connected_gpu_idle_minutes
+    if ev.ide is None or not ev.ide.connected or limit is None or ev.gpu is None:
+        return None
+    return _warn_then_stop(ev, policy, now, "9-connected-gpu-idle", "connected", _clock(ev).work_since, limit)
+
+
+def idle(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rules 7, 10 and 12: the idle clock against idleMinutes, then warn and stop."""
+    return _warn_then_stop(ev, policy, now, "10-idle", "idle", _clock(ev).idle_since, policy.idle_minutes)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("1-stopped", stopped),
+    Rule("2-exempt", exempt),
+    Rule("3-restarted", restarted),
+    Rule("3-starting", no_running_pod),
+    Rule("3-starting", in_grace),
+    Rule("5-positive-evidence", gpu_working),
+    Rule("5-positive-evidence", ide_busy),
+    Rule("6-no-signal", no_signal),
+    Rule("9-connected", connected),
+    Rule("6-half-evidence", half_evidence),
+    Rule("9-connected-gpu-idle", connected_gpu_idle),
+    Rule("10-idle", idle),
+)
+
+
+def decide(
+    notebook: dict[str, Any],
+    pod: dict[str, Any] | None,
+    observations: dict[str, Any],
+    policy: Policy,
+    now: datetime,
+) -> Verdict:
+    """The verdict for one notebook. Raises InputError only for inputs that are not a notebook at all."""
+    if not isinstance(notebook, dict):
+        raise InputError("notebook is not an object")
+    if pod is not None and not isinstance(pod, dict):
+        raise InputError("pod is neither an object nor null")
+    if not isinstance(observations, dict):
+        raise InputError("observations is not an object")
+    ev = gather(NotebookView.of(notebook, pod, policy), observations, policy, now)
+    for rule in RULES:
+        verdict = rule.check(ev, policy, now)
+        if verdict is not None:
+            return verdict
+    raise AssertionError("the last rule always decides")
