@@ -508,6 +508,63 @@ def test_network_policy_lets_the_culler_reach_what_it_needs() -> None:
                    for r in to_notebooks for peer in r["to"] if "podSelector" in peer)
 
 
+def test_network_policy_lets_notebook_pods_of_any_namespace_read_the_verdict_api() -> None:
+    """docs/verdict-api.md: notebook pods call the culler's port 9090 from their own namespaces."""
+    netpol = one(render("overlays/kubeflow"), "NetworkPolicy", NAME)
+    rules = [r for r in netpol["spec"]["ingress"] if METRICS_PORT in _ports(r)]
+    notebook_pod = {"notebook-name": "nb", "statefulset": "nb"}
+
+    def admits(rule: dict[str, Any]) -> bool:
+        peers = rule.get("from")
+        if not peers:
+            return True  # no `from`: every source
+        return any(set(peer) <= {"namespaceSelector", "podSelector"} and peer.get("namespaceSelector") == {}
+                   and selects(peer.get("podSelector") or {}, notebook_pod) for peer in peers)
+
+    assert any(admits(r) for r in rules)
+
+
+# --- Istio: the culler's HTTP port (metrics, health, verdict API) ------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_mesh_callers_send_plain_http_to_the_port_outside_the_proxy(overlay: str) -> None:
+    """Port 9090 bypasses the culler's sidecar, so sidecar callers (notebook pods) must not send mTLS."""
+    objs = render(f"overlays/{overlay}")
+    rule = one(objs, "DestinationRule", "kf-culler-http")
+    assert rule["apiVersion"] == "networking.istio.io/v1" and rule["metadata"]["namespace"] == NAMESPACE
+    service = one(objs, "Service", NAME)
+    assert rule["spec"]["host"] in (NAME, f"{NAME}.{NAMESPACE}.svc.cluster.local")
+    assert service["spec"]["ports"][0]["port"] == METRICS_PORT
+    (setting,) = rule["spec"]["trafficPolicy"]["portLevelSettings"]
+    assert setting == {"port": {"number": METRICS_PORT}, "tls": {"mode": "DISABLE"}}
+    excluded = culler(objs)["spec"]["template"]["metadata"]["annotations"][
+        "traffic.sidecar.istio.io/excludeInboundPorts"]
+    assert str(METRICS_PORT) in excluded.split(",")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_authorization_policy_keeps_the_http_port_read_only(overlay: str) -> None:
+    objs = render(f"overlays/{overlay}")
+    policy = one(objs, "AuthorizationPolicy", "kf-culler-http")
+    assert policy["apiVersion"] == "security.istio.io/v1" and policy["metadata"]["namespace"] == NAMESPACE
+    spec = policy["spec"]
+    assert spec["action"] == "ALLOW"
+    pod_labels = culler(objs)["spec"]["template"]["metadata"]["labels"]
+    assert selects(spec["selector"], pod_labels)
+    assert not selects(spec["selector"], {"notebook-name": "nb"})
+    (rule,) = spec["rules"]
+    assert "from" not in rule  # any workload of any namespace; the culler checks the token itself
+    (to,) = rule["to"]
+    op = to["operation"]
+    assert sorted(op["methods"]) == ["GET", "HEAD"] and op["ports"] == [str(METRICS_PORT)]
+    for path in ("/api/v1/namespaces/team-a/notebooks/nb", "/api/v1/namespaces/team-a/notebooks",
+                 "/metrics", "/healthz", "/readyz"):
+        assert any(_template_matches(t, path) for t in op["paths"]), path
+    for path in ("/", "/debug/pprof", "/api/v2/x", "/apis/x"):
+        assert not any(_template_matches(t, path) for t in op["paths"]), path
+
+
 # --- notifications component ------------------------------------------------------------------------
 
 
