@@ -23,7 +23,8 @@ def build(settings: EmailSettings, to: str, subject: str, body: str) -> EmailMes
     msg["Date"] = formatdate(usegmt=True)
     msg["Message-ID"] = make_msgid(domain=(settings.sender or "kf-culler").rpartition("@")[2] or None)
     msg["Auto-Submitted"] = "auto-generated"
-    msg.set_content(body)
+    # Plain text as written (lines stay under SMTP's 998): readable in any client, greppable in the raw mail.
+    msg.set_content(body, cte="7bit" if body.isascii() else "8bit")
     return msg
 
 

@@ -245,6 +245,10 @@ def last_failure(api_client: Any, namespace: str, name: str) -> str | None:
 
     events = client.CoreV1Api(api_client).list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name},reason={FAILED_EVENT}", _request_timeout=(5.0, 10.0))
-    items = sorted(events.items or [], key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp
-                                                       or datetime.min.replace(tzinfo=UTC)))
+    def order(e: Any) -> tuple[datetime, int]:
+        rv = str(e.metadata.resource_version or "")
+        return (e.last_timestamp or e.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC),
+                int(rv) if rv.isdigit() else 0)
+
+    items = sorted(events.items or [], key=order)
     return str(items[-1].message) if items else None
