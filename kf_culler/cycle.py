@@ -15,10 +15,11 @@ from opentelemetry import trace
 
 from kf_culler.config import Settings
 from kf_culler.decide import decide, gpu_count, server_type
-from kf_culler.gather import Gathered, GpuSource, PodSource, Request, gather
+from kf_culler.gather import Gathered, Request, gather
 from kf_culler.kube.writer import Writer, WriteResult
 from kf_culler.model import SERVER_SOURCES, InputError, Verdict
 from kf_culler.plan import Plan, plan
+from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
 
 log = logging.getLogger("kf_culler.cycle")
@@ -58,8 +59,8 @@ class CycleResult:
 class Cycle:
     settings: Settings
     writer: Writer | None = None  # None: decide and report only (check, explain, dry-run)
-    gpu: GpuSource | None = None
-    rstudio: PodSource | None = None
+    gpu: BulkSource | None = None
+    rstudio: BulkSource | None = None
     clock: Clock = utcnow
     stop_flag: threading.Event = field(default_factory=threading.Event)
     may_write: Callable[[], bool] = lambda: True

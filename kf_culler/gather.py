@@ -11,24 +11,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from kf_culler.config import Operations
 from kf_culler.sources import codeserver, jupyter
+from kf_culler.sources.bulk import Answers, BulkSource
 from kf_culler.sources.http import Call, Fetcher
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 Key = tuple[str, str]
-
-
-class GpuSource(Protocol):
-    def samples(self, pods: Sequence[Key], now: datetime) -> tuple[dict[Key, dict[str, Any]], int]: ...
-
-
-class PodSource(Protocol):
-    """A source answered per pod from one bulk query (RStudio through Prometheus, for one)."""
-
-    def answers(self, pods: Sequence[Key], now: datetime) -> tuple[dict[Key, dict[str, Any]], int]: ...
 
 
 @dataclass
@@ -87,12 +78,12 @@ async def _probe_all(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request])
 
 
 async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
-                 gpu: GpuSource | None = None, rstudio: PodSource | None = None) -> Gathered:
+                 gpu: BulkSource | None = None, rstudio: BulkSource | None = None) -> Gathered:
     out = Gathered()
     fetcher = Fetcher.open(ops.probe, ops.concurrency)
     try:
         http_reqs = [r for r in requests if r.source in ("jupyter", "codeServer")]
-        wanted: list[tuple[str, Any, list[Request]]] = [
+        wanted: list[tuple[str, BulkSource | None, list[Request]]] = [
             ("gpu", gpu, [r for r in requests if r.pod and r.gpu]),
             ("rstudio", rstudio, [r for r in requests if r.pod and r.source == "rstudio"]),
         ]
@@ -117,11 +108,10 @@ async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
     return out
 
 
-def _bulk(src: Any, pods: list[Key], now: datetime) -> tuple[dict[Key, dict[str, Any]], int]:
+def _bulk(src: BulkSource, pods: list[Key], now: datetime) -> tuple[Answers, int]:
     """One bulk query; a source that raises gives every pod an error instead of breaking the pass."""
     try:
-        fn = src.samples if hasattr(src, "samples") else src.answers
-        answers, queries = fn(pods, now)
+        answers, queries = src.samples(pods, now)
         return answers, int(queries)
     except Exception as err:
         return {p: {"error": f"{type(err).__name__}: {err}"[:300]} for p in pods}, 0

@@ -12,9 +12,9 @@ from typing import Any
 
 from kf_culler.config import Settings
 from kf_culler.cycle import Cycle, CycleResult, NotebookResult
-from kf_culler.gather import GpuSource, PodSource
 from kf_culler.kube.cache import ClusterCache
 from kf_culler.kube.writer import Writer
+from kf_culler.sources.bulk import BulkSource
 
 log = logging.getLogger("kf_culler")
 
@@ -33,14 +33,14 @@ def gpu_window_minutes(settings: Settings) -> float:
     return longest + 10
 
 
-def sources_for(settings: Settings) -> tuple[GpuSource | None, PodSource | None]:
+def sources_for(settings: Settings) -> tuple[BulkSource | None, BulkSource | None]:
     """The bulk sources the settings ask for: GPU from Prometheus (else from dcgm-exporter directly) and
     RStudio through Prometheus. Create them once per process: the direct scraper keeps history."""
     from kf_culler.sources import dcgm, rstudio
 
     ops = settings.operations
     window = gpu_window_minutes(settings)
-    gpu: GpuSource | None = None
+    gpu: BulkSource | None = None
     if ops.prometheus.url:
         from kf_culler.sources.gpu import PrometheusGpu
 
@@ -69,7 +69,7 @@ class Runner:
     cache: ClusterCache | None = None
     tracer: Any = None
     notifier: Any = None  # kf_culler.notify.notifier.Notifier (notices of warnings and stops), or None
-    _sources: tuple[GpuSource | None, PodSource | None] | None = None
+    _sources: tuple[BulkSource | None, BulkSource | None] | None = None
     last_cycle_end: float = 0.0
     cycles: int = 0
 

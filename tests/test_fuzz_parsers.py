@@ -262,7 +262,7 @@ def test_prometheus_sources(answers: list[tuple[int, bytes]], kind: str) -> None
         _parse(parse_gpu, answer)
 
     client = PrometheusClient(PROM, session=_Session(answers))  # type: ignore[arg-type]
-    rstudio, queries = PrometheusRStudio(PROM, RStudioSettings(), client).answers(PODS, NOW)
+    rstudio, queries = PrometheusRStudio(PROM, RStudioSettings(), client).samples(PODS, NOW)
     assert set(rstudio) == set(PODS) and queries <= 4
     for answer in rstudio.values():
         json.dumps(answer)

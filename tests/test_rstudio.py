@@ -199,7 +199,7 @@ def test_busy_idle_and_connected(world: tuple[Prometheus, Cluster]) -> None:
     src = source(prom)
     t = now()
     before = instant_queries(prom)
-    answers, queries = src.answers([BUSY, IDLE, RENAMED, NO_CPU], t)
+    answers, queries = src.samples([BUSY, IDLE, RENAMED, NO_CPU], t)
     assert queries == 4 and instant_queries(prom) - before == 4
 
     busy = answers[BUSY]
@@ -227,13 +227,13 @@ def test_busy_idle_and_connected(world: tuple[Prometheus, Cluster]) -> None:
 def test_last_activity_after_the_work_ends(world: tuple[Prometheus, Cluster]) -> None:
     prom, c = world
     src = source(prom)
-    procs.wait_until(lambda: src.answers([WAS_BUSY], now())[0][WAS_BUSY].get("busy") is True, 30,
+    procs.wait_until(lambda: src.samples([WAS_BUSY], now())[0][WAS_BUSY].get("busy") is True, 30,
                      interval=0.5, what="the session to be busy")
     stopped = now()
     c.set_cpu(WAS_BUSY, "rs-was-busy", 0.0)
-    procs.wait_until(lambda: src.answers([WAS_BUSY], now())[0][WAS_BUSY].get("busy") is False, 60,
+    procs.wait_until(lambda: src.samples([WAS_BUSY], now())[0][WAS_BUSY].get("busy") is False, 60,
                      interval=0.5, what="the session to go quiet")
-    answer = src.answers([WAS_BUSY], now())[0][WAS_BUSY]
+    answer = src.samples([WAS_BUSY], now())[0][WAS_BUSY]
     last = when(answer["lastActivity"])
     assert answer["activityInWindow"] is True
     # the last step whose 10-second CPU rate was over the threshold: after the work ended, within the window
@@ -242,7 +242,7 @@ def test_last_activity_after_the_work_ends(world: tuple[Prometheus, Cluster]) ->
 
 def test_without_istio_two_queries_and_never_connected(world: tuple[Prometheus, Cluster]) -> None:
     prom, _ = world
-    answers, queries = source(prom, istio=False).answers([BUSY, IDLE], now())
+    answers, queries = source(prom, istio=False).samples([BUSY, IDLE], now())
     assert queries == 2
     assert answers[BUSY]["connected"] is False and "requests" not in answers[BUSY]
     assert answers[BUSY]["via"] == "prometheus: container CPU"
@@ -251,14 +251,14 @@ def test_without_istio_two_queries_and_never_connected(world: tuple[Prometheus, 
 def test_queries_do_not_grow_with_pods(world: tuple[Prometheus, Cluster]) -> None:
     prom, _ = world
     many = [BUSY, IDLE, RENAMED] + [(NS, f"rs-other{i}-0") for i in range(200)]
-    answers, queries = source(prom).answers(many, now())
+    answers, queries = source(prom).samples(many, now())
     assert queries == 4 and len(answers) == 203
 
 
 def test_prometheus_down_is_an_error_for_every_pod() -> None:
     port = procs.free_port()
     src = PrometheusRStudio(PrometheusSettings(url=f"http://127.0.0.1:{port}", timeoutSeconds=2), settings())
-    answers, queries = src.answers([BUSY, IDLE], now())
+    answers, queries = src.samples([BUSY, IDLE], now())
     assert queries == 1
     assert all("cannot reach Prometheus" in a["error"] for a in answers.values()), answers
 
@@ -266,7 +266,7 @@ def test_prometheus_down_is_an_error_for_every_pod() -> None:
 def test_503_is_an_error_for_every_pod() -> None:
     with StubServer(lambda _: (503, "text/plain", b"upstream overloaded")) as stub:
         src = PrometheusRStudio(PrometheusSettings(url=stub.url, timeoutSeconds=2), settings())
-        answers, _ = src.answers([BUSY], now())
+        answers, _ = src.samples([BUSY], now())
     assert "HTTP 503" in answers[BUSY]["error"]
 
 

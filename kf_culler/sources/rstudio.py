@@ -74,7 +74,7 @@ class PrometheusRStudio:
 
     # -- the source -----------------------------------------------------------------------------
 
-    def answers(self, pods: Sequence[Key], now: datetime) -> tuple[dict[Key, dict[str, Any]], int]:
+    def samples(self, pods: Sequence[Key], now: datetime) -> tuple[dict[Key, dict[str, Any]], int]:
         """For each (namespace, pod): the RStudio answer or `{"error": ...}`; and the queries made."""
         before = self.client.queries
         try:
