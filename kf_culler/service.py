@@ -112,5 +112,7 @@ def serve(runner: Runner, opts: Options) -> int:
             server.stop()
         if recorder is not None and hasattr(recorder, "close"):
             recorder.close()
+        if runner.notifier is not None:
+            runner.notifier.close()
         provider.shutdown()
     return 0
