@@ -96,6 +96,10 @@ def serve(runner: Runner, opts: Options) -> int:
 
     store = VerdictStore() if opts.metrics_address else None
     instrument(runner, metrics, elector, store)
+    if not (runner.dry_run or runner.settings.operations.dry_run):  # notices of warnings and stops
+        from kf_culler.notify.notifier import Notifier
+
+        runner.notifier = Notifier.for_settings(runner.settings, runner.api, metrics)
     server = None
     if opts.metrics_address and store is not None:
         api = VerdictApi(store, TokenReviewer(runner.api))
