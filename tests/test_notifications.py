@@ -422,3 +422,52 @@ def test_inline_credentials_are_refused_with_the_key_named() -> None:
     with pytest.raises(ConfigError, match=r"key 'notifications.webhooks\[0\].url'.*urlFile"):
         load_mapping({"notifications": {"webhooks": [{"name": "a", "url": "https://x"}]}}, "config.yaml")
     assert not load_mapping({}, "defaults").operations.notifications.enabled
+
+
+# --- RBAC: the shipped ClusterRole is enough ------------------------------------------------------------
+
+
+def test_the_shipped_cluster_role_reads_the_owner_as_the_service_account(
+        kube: Any, api: Any, namespace: str, router: Router, idle: JupyterServer,  # noqa: F811
+        profiles: None, smtp: Smtp, receiver: Receiver, tmp_path: Path) -> None:
+    """A stop and its mail as exactly the culler's ServiceAccount (kustomize/base's ClusterRole): the
+    Profile and the namespace are read; nothing about them can be changed."""
+    from support.kustomize import render
+    from test_rbac import apply
+
+    role = next(o for o in render(ROOT / "kustomize" / "base") if o["kind"] == "ClusterRole")
+    role["metadata"]["name"] = f"kf-culler-{namespace}"
+    apply(api, [role, {"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "kf-culler", "namespace": namespace}},
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                 "metadata": {"name": f"kf-culler-{namespace}"},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                             "name": f"kf-culler-{namespace}"},
+                 "subjects": [{"kind": "ServiceAccount", "name": "kf-culler", "namespace": namespace}]}])
+    sa_api = kube.api_client(kube.service_account_kubeconfig(namespace, "kf-culler"))
+    profile(api, namespace, OWNER)
+    make(api, namespace, "nb-idle")
+    time.sleep(1)  # the RBAC authorizer's cache
+    culler = Culler(sa_api, config(router, namespace, smtp.port, receiver, tmp_path, {}))
+    try:
+        r = culler.pass_at(11, datetime.now(UTC))
+        assert r.verdict.action == "stop" and r.write.outcome == "patched" and r.write.event == "created"
+        assert culler.notifier.wait_idle(20)
+    finally:
+        culler.close()
+    assert [sorted(rcpt) for rcpt, _ in smtp.messages] == [sorted([OWNER, ADMIN])]
+
+    custom, core = client.CustomObjectsApi(sa_api), client.CoreV1Api(sa_api)
+    assert custom.list_cluster_custom_object("kubeflow.org", "v1", "profiles")["items"]
+
+    def status(call: Any) -> int:
+        try:
+            call()
+        except ApiException as err:
+            return int(err.status)
+        return 200
+
+    assert status(lambda: custom.patch_cluster_custom_object(
+        "kubeflow.org", "v1", "profiles", namespace, {"spec": {"owner": {"name": "x@example.com"}}})) == 403
+    assert status(lambda: core.patch_namespace(namespace, {"metadata": {"annotations": {"a": "b"}}})) == 403
+    assert status(lambda: core.list_namespace()) == 403
