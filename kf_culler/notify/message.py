@@ -31,7 +31,7 @@ DEFAULTS: dict[str, str] = {
     "stop_body": (
         "Your notebook $name in namespace $namespace was stopped at $stopAt.\n\n"
         "Why: $reason\n\n"
-        "Your files in the home volume are kept. To start it again:\n$howToStart\n"),
+        "To start it again:\n$howToStart\n"),
     "restart_subject": "Notebook $namespace/$name was started again",
     "restart_body": (
         "Your notebook $name in namespace $namespace was started again at $at. The idle clock and the "
