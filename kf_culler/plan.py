@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,7 @@ from kf_culler.model import (
     WARNED_AT_ANNOTATION,
     Verdict,
 )
+from kf_culler.notebook import NotebookView, annotations_of
 from kf_culler.timeutil import format_time, parse_time
 
 EVENT_STOP = "IdleNotebookStopped"
@@ -45,15 +47,10 @@ class Plan:
         return not self.annotations and self.event is None
 
 
-def _annotations(notebook: dict[str, Any]) -> dict[str, Any]:
-    meta = notebook.get("metadata") if isinstance(notebook.get("metadata"), dict) else {}
-    ann = meta.get("annotations") if isinstance(meta, dict) else None
-    return ann if isinstance(ann, dict) else {}
-
-
-def plan(notebook: dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
+def plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
          trace_id: str | None = None) -> Plan:
-    original = _annotations(notebook)
+    """The writes for a verdict on a notebook (its NotebookView, or the Notebook object itself)."""
+    original = notebook.annotations if isinstance(notebook, NotebookView) else annotations_of(notebook)
     if STOP_ANNOTATION in original:
         return Plan({})  # stopped stays stopped: never rewrite or remove a stop, ours or another's
     out: dict[str, str | None] = {}
@@ -108,6 +105,6 @@ def plan(notebook: dict[str, Any], verdict: Verdict, now: datetime, step_minutes
     return Plan(_minimal(out, original), event)
 
 
-def _minimal(patch: dict[str, str | None], ann: dict[str, Any]) -> dict[str, str | None]:
+def _minimal(patch: dict[str, str | None], ann: Mapping[str, Any]) -> dict[str, str | None]:
     """Drop entries that would change nothing: removing an absent key, writing an equal value."""
     return {k: v for k, v in patch.items() if (k in ann if v is None else ann.get(k) != v)}

@@ -1,7 +1,8 @@
 """Pure parsers: a source's raw answer -> a typed reading, or the reason it cannot be read.
 
 A reading is all-or-nothing (rule 6): one bad timestamp or wrong type makes the whole answer
-unreadable, because half an answer could make a busy notebook look idle.
+unreadable, because half an answer could make a busy notebook look idle. Which parser reads which
+server type's source: the IDE registry, kf_culler/ide.py.
 """
 
 from __future__ import annotations
@@ -200,5 +201,3 @@ def parse_gpu(raw: object) -> tuple[GpuSample, ...]:
     out.sort(key=lambda s: s.time)
     return tuple(out)
 
-
-IDE_PARSERS = {"jupyter": parse_jupyter, "codeServer": parse_code_server, "rstudio": parse_rstudio}

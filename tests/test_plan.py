@@ -64,3 +64,15 @@ def test_a_stop_annotation_we_did_not_write_is_never_a_restart() -> None:
 def test_keep_verdict_without_restart_writes_no_restart_mark() -> None:
     verdict = Verdict("keep", "starting", "x", "3-starting")
     assert RESTARTED_AT_ANNOTATION not in plan(notebook(), verdict, NOW, 120).annotations
+
+
+def test_a_notebook_view_plans_like_the_notebook_object() -> None:
+    from kf_culler.notebook import NotebookView
+
+    nb = notebook(**{STOPPED_BY_ANNOTATION: STOPPED_BY_VALUE, STOPPED_AT_ANNOTATION: "2026-11-29T11:59:30Z"})
+    policy = Policy()
+    view = NotebookView.of(nb, old_pod(), policy)
+    assert (view.namespace, view.name, view.server_type, view.gpus) == ("ns", "nb", "jupyter", 0)
+    for v in (decide(nb, old_pod(), IDLE_JUPYTER, policy, NOW),
+              decide(notebook(), old_pod(), IDLE_JUPYTER, policy, NOW + timedelta(hours=3))):
+        assert plan(view, v, NOW, 120) == plan(nb, v, NOW, 120)

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from kf_culler.model import LAST_ACTIVITY_ANNOTATION, PREFIX, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
+from kf_culler.notebook import annotations_of, as_dict, metadata_of, pod_containers, template_containers
 from kf_culler.replay.trace import TraceHeader, TraceWriter, notebook_id, open_text, read_header
 
 _KEPT = (STOP_ANNOTATION, SERVER_TYPE_ANNOTATION, LAST_ACTIVITY_ANNOTATION)
@@ -28,28 +29,17 @@ def _keep_annotation(key: str) -> bool:
     return key.startswith(PREFIX) or key in _KEPT
 
 
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _containers(obj: Any, *path: str) -> list[dict[str, Any]]:
-    cur = obj
-    for key in path:
-        cur = cur.get(key) if isinstance(cur, dict) else None
-    return [c for c in cur if isinstance(c, dict)] if isinstance(cur, list) else []
-
-
 def minimal_notebook(notebook: dict[str, Any]) -> dict[str, Any]:
     """The parts of a Notebook the decision reads: identity, the annotations that matter, containers'
     images and resources, status. Labels, managedFields, env and volumes are dropped."""
-    meta = _dict(notebook.get("metadata"))
-    ann = _dict(meta.get("annotations"))
+    meta = metadata_of(notebook)
+    ann = annotations_of(notebook)
     out_meta: dict[str, Any] = {k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp")
                                 if k in meta}
     out_meta["annotations"] = {k: v for k, v in ann.items() if _keep_annotation(str(k))}
     containers = [
         {k: c[k] for k in ("name", "image", "resources") if k in c}
-        for c in _containers(notebook, "spec", "template", "spec", "containers")
+        for c in template_containers(notebook)
     ]
     out: dict[str, Any] = {
         "apiVersion": notebook.get("apiVersion", "kubeflow.org/v1"),
@@ -65,14 +55,14 @@ def minimal_notebook(notebook: dict[str, Any]) -> dict[str, Any]:
 
 def minimal_pod(pod: dict[str, Any]) -> dict[str, Any]:
     """The parts of a pod the decision reads: identity, containers' resources, phase and start time."""
-    meta = _dict(pod.get("metadata"))
-    status = _dict(pod.get("status"))
+    meta = metadata_of(pod)
+    status = as_dict(pod.get("status"))
     return {
         "apiVersion": pod.get("apiVersion", "v1"),
         "kind": pod.get("kind", "Pod"),
         "metadata": {k: meta[k] for k in ("name", "namespace") if k in meta},
         "spec": {"containers": [{k: c[k] for k in ("name", "resources") if k in c}
-                                for c in _containers(pod, "spec", "containers")]},
+                                for c in pod_containers(pod)]},
         "status": {k: status[k] for k in ("phase", "startTime") if k in status},
     }
 

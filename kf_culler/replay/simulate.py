@@ -26,9 +26,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kf_culler.decide import gpu_count
+from kf_culler.ide import IDE_KINDS
 from kf_culler.model import STOP_ANNOTATION
-from kf_culler.readings import IDE_PARSERS, Unreadable, parse_gpu
+from kf_culler.notebook import annotations_of, gpu_count, metadata_of, running_since
+from kf_culler.readings import Unreadable, parse_gpu
 from kf_culler.replay.fleet import BEHAVIOUR_LABEL
 from kf_culler.replay.rules import Check, PolicyRule, Rule
 from kf_culler.replay.trace import Record, TraceHeader, read_trace
@@ -156,7 +157,7 @@ class _Nb:
                  "prev_world", "runs", "totals", "work_run", "world_running", "world_start")
 
     def __init__(self, rec: Record, rules: int) -> None:
-        labels = (rec.notebook.get("metadata") or {}).get("labels") or {}
+        labels = metadata_of(rec.notebook).get("labels")
         behaviour = labels.get(BEHAVIOUR_LABEL) if isinstance(labels, dict) else None
         self.totals = NotebookTotals(rec.id, behaviour if isinstance(behaviour, str) else None)
         self.runs = [_Run() for _ in range(rules)]
@@ -171,13 +172,6 @@ class _Nb:
         self.idle_start: datetime | None = None
         self.work_run = 0
         self.gpu = GpuHistory()
-
-
-def _pod_start(pod: dict[str, Any] | None) -> datetime | None:
-    status = pod.get("status") if isinstance(pod, dict) else None
-    if not isinstance(status, dict) or status.get("phase") != "Running":
-        return None
-    return parse_time(status.get("startTime"))
 
 
 def _with_start(pod: dict[str, Any], start: datetime) -> dict[str, Any]:
@@ -271,10 +265,11 @@ class GpuHistory:
 def signals(rec: Record) -> dict[str, Any]:
     """A short summary of what the sources said, for timelines."""
     out: dict[str, Any] = {}
-    for key, parse in IDE_PARSERS.items():
+    for kind in IDE_KINDS:
+        key = kind.source
         if key in rec.observations:
             try:
-                r = parse(rec.observations[key])
+                r = kind.parse(rec.observations[key])
                 out["ide"] = {"source": key, "busy": r.busy, "connected": r.connected,
                               "lastActivity": max(r.activity + ((r.connected_at,) if r.connected_at else ()),
                                                   default=None)}
@@ -352,9 +347,8 @@ def replay(path: str | Path, rules: list[Rule], *, restart_delay_minutes: float 
         totals.records += 1
         if rec.notebook is not nb.nb_obj or rec.pod is not nb.pod_obj:
             nb.nb_obj, nb.pod_obj = rec.notebook, rec.pod
-            start = _pod_start(rec.pod)
-            ann = (rec.notebook.get("metadata") or {}).get("annotations") or {}
-            nb.world_running = start is not None and not (isinstance(ann, dict) and STOP_ANNOTATION in ann)
+            start = running_since(rec.pod)  # the recorded world's pod, deleting or not
+            nb.world_running = start is not None and STOP_ANNOTATION not in annotations_of(rec.notebook)
             nb.world_start = start
             totals.gpus = max(totals.gpus, gpu_count(rec.notebook, rec.pod, gpu_resources))
         truth = rec.truth
