@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_none
+
 from kf_culler.kube import GROUP, PLURAL, VERSION
 from kf_culler.plan import EventSpec, Plan
 from kf_culler.timeutil import format_time
@@ -18,6 +20,10 @@ log = logging.getLogger(__name__)
 MAX_CONFLICT_RETRIES = 5
 # (connect, read) seconds for each write: an API server that hangs costs a failed write, not a stuck pass.
 REQUEST_TIMEOUT = (5.0, 30.0)
+
+
+class _Conflict(Exception):
+    """A patch answered 409 Conflict (the notebook's resourceVersion moved on)."""
 
 
 @dataclass
@@ -51,46 +57,55 @@ class Writer:
         ns, name = str(meta.get("namespace")), str(meta.get("name"))
         result = WriteResult("unchanged", plan=first)
         current, todo = notebook, first
-        while not todo.empty:
-            if not may_write():
-                result.outcome = "not-leader"
-                return result
-            result.attempts += 1
-            body: dict[str, Any] = {"metadata": {
-                "resourceVersion": (current.get("metadata") or {}).get("resourceVersion"),
-                "annotations": todo.annotations}}
-            try:
-                if todo.annotations:
-                    current = self.custom.patch_namespaced_custom_object(
-                        GROUP, VERSION, ns, PLURAL, name, body, _content_type="application/merge-patch+json",
-                        _request_timeout=REQUEST_TIMEOUT)
-                    self.patches += 1
-                result.outcome, result.notebook, result.plan = "patched", current, todo
-                break
-            except ApiException as err:
-                if err.status == 404:
-                    result.outcome = "gone"
-                    return result
-                if err.status != 409:
-                    result.outcome, result.error = "failed", f"HTTP {err.status}: {err.reason}"
-                    return result
-                result.conflicts += 1
-                if result.conflicts > MAX_CONFLICT_RETRIES:
-                    result.outcome = "conflict-exhausted"
-                    return result
-                try:
-                    current = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
-                                                                       _request_timeout=REQUEST_TIMEOUT)
-                except ApiException as gone:
-                    result.outcome = "gone" if gone.status == 404 else "failed"
-                    result.error = None if gone.status == 404 else f"HTTP {gone.status}: {gone.reason}"
-                    return result
-                except Exception as err:  # the API server unreachable: this write fails, the pass goes on
-                    return _unreachable(result, ns, name, err)
-                todo = replan(current)
-                result.plan = todo
-            except Exception as err:  # connection refused/reset, timeout, TLS: never raise into the pass
-                return _unreachable(result, ns, name, err)
+        # A 409 means the notebook changed since we read it: re-read it, re-plan from what it is now and
+        # patch again at once (the re-read is the wait), at most MAX_CONFLICT_RETRIES times.
+        conflicts = Retrying(stop=stop_after_attempt(MAX_CONFLICT_RETRIES + 1),
+                             retry=retry_if_exception_type(_Conflict), wait=wait_none(), reraise=True)
+        try:
+            for attempt in conflicts:
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:  # the previous patch conflicted
+                        try:
+                            current = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
+                                                                               _request_timeout=REQUEST_TIMEOUT)
+                        except ApiException as gone:
+                            result.outcome = "gone" if gone.status == 404 else "failed"
+                            result.error = None if gone.status == 404 else f"HTTP {gone.status}: {gone.reason}"
+                            return result
+                        except Exception as err:  # the API server unreachable: this write fails, the pass goes on
+                            return _unreachable(result, ns, name, err)
+                        todo = replan(current)
+                        result.plan = todo
+                    if todo.empty:
+                        break
+                    if not may_write():
+                        result.outcome = "not-leader"
+                        return result
+                    result.attempts += 1
+                    body: dict[str, Any] = {"metadata": {
+                        "resourceVersion": (current.get("metadata") or {}).get("resourceVersion"),
+                        "annotations": todo.annotations}}
+                    try:
+                        if todo.annotations:
+                            current = self.custom.patch_namespaced_custom_object(
+                                GROUP, VERSION, ns, PLURAL, name, body,
+                                _content_type="application/merge-patch+json", _request_timeout=REQUEST_TIMEOUT)
+                            self.patches += 1
+                    except ApiException as err:
+                        if err.status == 404:
+                            result.outcome = "gone"
+                            return result
+                        if err.status != 409:
+                            result.outcome, result.error = "failed", f"HTTP {err.status}: {err.reason}"
+                            return result
+                        result.conflicts += 1
+                        raise _Conflict from None
+                    except Exception as err:  # connection refused/reset, timeout, TLS: never raise into the pass
+                        return _unreachable(result, ns, name, err)
+                    result.outcome, result.notebook, result.plan = "patched", current, todo
+        except _Conflict:
+            result.outcome = "conflict-exhausted"
+            return result
         if result.plan is not None and result.plan.event is not None and result.outcome in ("patched", "unchanged"):
             result.event = self.event(current, result.plan.event, now)
         return result
