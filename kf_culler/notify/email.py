@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import smtplib
-import socket
 import ssl
 from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
@@ -57,8 +56,7 @@ def send(settings: EmailSettings, msg: EmailMessage, timeout: float) -> None:
     except smtplib.SMTPResponseException as err:
         text = err.smtp_error.decode(errors="replace") if isinstance(err.smtp_error, bytes) else str(err.smtp_error)
         raise SendError(f"SMTP {err.smtp_code}: {text[:200]}", transient=400 <= err.smtp_code < 500) from None
-    except (smtplib.SMTPServerDisconnected, smtplib.SMTPConnectError, TimeoutError, socket.timeout,
-            ConnectionError) as err:
+    except (smtplib.SMTPServerDisconnected, smtplib.SMTPConnectError, TimeoutError, ConnectionError) as err:
         raise SendError(f"SMTP {type(err).__name__}: {str(err)[:200]}", transient=True) from None
     except (ssl.SSLError, smtplib.SMTPNotSupportedError, smtplib.SMTPException, OSError) as err:
         raise SendError(f"SMTP {type(err).__name__}: {str(err)[:200]}", transient=False) from None

@@ -130,7 +130,12 @@ class Notifier:
     def wait_idle(self, timeout: float) -> bool:
         """True once every queued notice has been delivered or given up (for tests and the demo)."""
         done = threading.Event()
-        threading.Thread(target=lambda: (self.queue.join(), done.set()), daemon=True).start()
+
+        def join() -> None:
+            self.queue.join()
+            done.set()
+
+        threading.Thread(target=join, daemon=True).start()
         return done.wait(timeout)
 
     def _channels(self, n: Notice) -> list[str]:
@@ -169,7 +174,7 @@ class Notifier:
             stop=stop_after_attempt(s.attempts) | stop_when_event_set(self._closing),
             wait=wait_exponential(multiplier=s.backoff_seconds, max=s.max_backoff_seconds),
             retry=retry_if_exception(lambda e: isinstance(e, SendError) and e.transient),
-            sleep=self._closing.wait, reraise=True)
+            sleep=self._pause, reraise=True)
         try:
             outcome = retrying(once)
         except SendError as err:
@@ -182,6 +187,9 @@ class Notifier:
         if outcome == "sent":
             self.sent.append((channel, notice))
             log.info("%s notice for %s/%s sent by %s", notice.kind, *notice.key, channel)
+
+    def _pause(self, seconds: float) -> None:
+        self._closing.wait(seconds)  # a close ends the back-off at once
 
     def _send(self, channel: str, notice: Notice) -> str:
         s = self.settings
