@@ -197,7 +197,7 @@ def test_conflict_on_every_first_patch(api: Any, ns: str, faulty: FaultyServer) 
     other = {"nb-plain": {"team.example.com/owner": "kim"},
              "nb-exempted": {"team.example.com/owner": "kim", EXEMPT_ANNOTATION: "true"},
              "nb-user-stopped": {"team.example.com/owner": "kim", STOP_ANNOTATION: "2026-01-01T00:00:00Z"}}
-    runner = Runner(load_mapping(settings_for(faulty, ns), "test"), api)
+    runner = Runner(load_mapping(settings_for(faulty, ns, allowExempt=True), "test"), api)
 
     def other_writer(now: datetime, nb: dict[str, Any], pod: Any, observations: Any) -> None:
         obj.patch_annotations(api, ns, nb["metadata"]["name"], dict(other[nb["metadata"]["name"]]))
