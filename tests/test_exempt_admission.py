@@ -256,7 +256,7 @@ def test_keep_until_is_bounded_by_the_cullers_lease_clock(kube: KubeTarget, api:
     renew(api, now)
     far = z(now + timedelta(hours=25))
     eventually("the keep-until policy is active", lambda i: patch(
-        alice, namespace, "nb", {KEEP_UNTIL_ANNOTATION: z(now + timedelta(hours=25, seconds=i))}), 422)
+        alice, namespace, "nb", {KEEP_UNTIL_ANNOTATION: z(now + timedelta(hours=26, seconds=i))}), 422)
     code, message = status_of(patch(alice, namespace, "nb", {KEEP_UNTIL_ANNOTATION: far}))
     print(f"refusal: HTTP {code}: {message}")
     assert code == 422 and ("notebook-culler.io/keep-until may be at most 24 hours after the culler's clock "
@@ -292,3 +292,25 @@ def test_keep_until_is_bounded_by_the_cullers_lease_clock(kube: KubeTarget, api:
     assert status_of(patch(alice, namespace, "nb", {STOP_ANNOTATION: z(now)}))[0] == 200
     culler = kube.api_client(kube.service_account_kubeconfig("kubeflow", "kf-culler"))
     assert status_of(patch(culler, namespace, "nb", {STATE_ANNOTATION: "stopped"}))[0] == 200
+
+
+def test_rendered_component_passes_server_side_dry_run(kube: KubeTarget, api: Any, tmp_path: Path) -> None:
+    """As test_rbac does for the overlays: the API server accepts every object, CEL type-checked."""
+    import subprocess
+
+    from support.kustomize import kubectl_path
+
+    kubectl = kubectl_path()
+    assert kubectl is not None
+    with contextlib.suppress(ApiException):
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": "kubeflow"}})
+    objs = [o for o in rendered(tmp_path, "any") if o["kind"] in ADMISSION_KINDS
+            or o["metadata"]["name"] == "kf-culler-exempt-admission"]
+    assert len(objs) == 5
+    path = tmp_path / "admission.yaml"
+    path.write_text(yaml.safe_dump_all(objs))
+    done = subprocess.run([kubectl, "--kubeconfig", str(kube.kubeconfig), "apply", "--dry-run=server",
+                           "-f", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "validatingadmissionpolicy.admissionregistration.k8s.io/kf-culler-exempt created (server dry run)" \
+        in done.stdout

@@ -591,3 +591,57 @@ def test_notifications_component_mounts_the_secret_read_only(tmp_path: Path) -> 
     assert {p["port"] for e in smtp["spec"]["egress"] for p in e["ports"]} == {25, 465, 587}
     docs = (KUSTOMIZE / "components" / "notifications" / "kustomization.yaml").read_text()
     assert "smtp-password" in docs and "webhook-<name>" in docs
+
+
+# --- components/exempt-admission ------------------------------------------------------------------
+
+EXEMPT_ADMISSION = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
+def render_with_exempt_admission(tmp_path: Path) -> list[dict[str, Any]]:
+    """overlays/kubeflow + components/exempt-admission, as docs/install.md tells an admin to write it."""
+    import os
+
+    overlay = tmp_path / "with-admission"
+    overlay.mkdir()
+    rel = os.path.relpath(KUSTOMIZE, overlay)
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{rel}/overlays/kubeflow"], "components": [f"{rel}/components/exempt-admission"]}))
+    assert KUBECTL is not None
+    proc = subprocess.run([KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def test_exempt_admission_component_renders_its_policies_bindings_and_admins(tmp_path: Path) -> None:
+    objs = render_with_exempt_admission(tmp_path)
+    assert len(objs) == len(render("overlays/kubeflow")) + 5
+    policies = {o["metadata"]["name"]: o for o in find(objs, "ValidatingAdmissionPolicy")}
+    bindings = {o["metadata"]["name"]: o for o in find(objs, "ValidatingAdmissionPolicyBinding")}
+    assert set(policies) == set(bindings) == {"kf-culler-exempt", "kf-culler-keep-until"}
+    cm = one(objs, "ConfigMap", "kf-culler-exempt-admission")
+    assert cm["metadata"]["namespace"] == NAMESPACE and set(cm["data"]) == {"adminGroups", "adminServiceAccounts"}
+    for name, policy in policies.items():
+        assert policy["apiVersion"] == "admissionregistration.k8s.io/v1" and "namespace" not in policy["metadata"]
+        (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert (rule["apiGroups"], rule["resources"], rule["operations"]) == (
+            ["kubeflow.org"], ["notebooks"], ["CREATE", "UPDATE"])
+        assert policy["spec"]["failurePolicy"] == "Fail" and policy["spec"]["matchConditions"]
+        binding = bindings[name]["spec"]
+        assert binding["policyName"] == name and binding["validationActions"] == ["Deny"]
+    # The admins come from the ConfigMap; a missing ConfigMap means nobody may touch exempt.
+    assert policies["kf-culler-exempt"]["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    assert bindings["kf-culler-exempt"]["spec"]["paramRef"] == {
+        "name": cm["metadata"]["name"], "namespace": NAMESPACE, "parameterNotFoundAction": "Deny"}
+    # The keep-until clock is the Lease the culler's Deployment renews.
+    ref = bindings["kf-culler-keep-until"]["spec"]["paramRef"]
+    assert policies["kf-culler-keep-until"]["spec"]["paramKind"]["kind"] == "Lease"
+    assert (ref["name"], ref["namespace"]) == (getattr(cli_args(objs), "lease_name", NAME), NAMESPACE)
+    for o in objs:
+        assert (o["metadata"].get("labels") or {}).items() >= LABELS.items(), o["metadata"]["name"]
+
+
+def test_shipped_config_honours_exempt_only_where_admins_turn_it_on() -> None:
+    for path in ("base", *(f"overlays/{o}" for o in OVERLAYS)):
+        assert yaml.safe_load(config_text(render(path)))["allowExempt"] is False, path
