@@ -87,7 +87,7 @@ class VerdictApi:
 
     def _list(self, namespace: str, query: dict[str, list[str]]) -> Response:
         try:
-            limit = int((query.get("limit") or [MAX_LIST_ITEMS])[0])
+            limit = int((query.get("limit") or [str(MAX_LIST_ITEMS)])[0])
         except ValueError:
             return _status(400, "BadRequest", "limit must be a whole number")
         limit = max(1, min(limit, MAX_LIST_ITEMS))

@@ -22,12 +22,12 @@ from test_rbac import apply, rbac_objects
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import CycleResult, NotebookResult
+from kf_culler.kube import POD_LABEL
 from kf_culler.kube.tokens import ReviewUnavailable, TokenReviewer
 from kf_culler.local import objects as obj
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.metrics import HealthServer, Metrics
-from kf_culler.kube import POD_LABEL
 from kf_culler.model import Verdict
 from kf_culler.runner import Runner
 from kf_culler.service import instrument
