@@ -73,11 +73,11 @@ class Notifier:
         self.owners = owners  # kf_culler.kube.owners.OwnerLookup, for email
         self.metrics = metrics  # kf_culler.metrics.Metrics (duck-typed: .notifications counter)
         self.max_extend = max_extend
-        self.core: Any = None
+        self.events: Any = None  # kf_culler.kube.events.EventRecorder, for failed notices
         if api_client is not None:
-            from kubernetes import client
+            from kf_culler.kube.events import EventRecorder
 
-            self.core = client.CoreV1Api(api_client)
+            self.events = EventRecorder(api_client)
         self.queue: queue.Queue[Notice] = queue.Queue(maxsize=settings.queue_size)
         self.last_failure: dict[tuple[str, str], str] = {}
         self.sent: list[tuple[str, Notice]] = []  # (channel, notice), for the demo and tests
@@ -223,7 +223,7 @@ class Notifier:
                 f"{attempts} attempt(s): {error}")
         self.last_failure[notice.key] = text
         log.warning("%s/%s: %s", *notice.key, text)
-        if self.core is not None:
+        if self.events is not None:
             self._failure_event(notice, text)
 
     def _failure_event(self, notice: Notice, text: str) -> None:
@@ -238,7 +238,7 @@ class Notifier:
             "action": "Notify",
         }
         try:
-            self.core.create_namespaced_event(notice.namespace, body, _request_timeout=(5.0, 10.0))
+            self.events.create(notice.namespace, body)
         except Exception as err:
             log.warning("could not record the failed notice on %s/%s: %s", *notice.key, type(err).__name__)
 
@@ -249,14 +249,6 @@ class Notifier:
 
 def last_failure(api_client: Any, namespace: str, name: str) -> str | None:
     """The newest `NotificationFailed` Event on the notebook (what `kf-culler explain` shows)."""
-    from kubernetes import client
+    from kf_culler.kube.events import newest_message
 
-    events = client.CoreV1Api(api_client).list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name},reason={FAILED_EVENT}", _request_timeout=(5.0, 10.0))
-    def order(e: Any) -> tuple[datetime, int]:
-        rv = str(e.metadata.resource_version or "")
-        return (e.last_timestamp or e.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC),
-                int(rv) if rv.isdigit() else 0)
-
-    items = sorted(events.items or [], key=order)
-    return str(items[-1].message) if items else None
+    return newest_message(api_client, namespace, name, FAILED_EVENT)
