@@ -13,6 +13,7 @@ acts with a real token of the ServiceAccount kubeflow/kf-culler.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -200,14 +201,16 @@ def test_only_admins_set_change_or_remove_exempt(kube: KubeTarget, api: Any, nam
 
     # ... also on CREATE, with any value.
     for value in ("true", "false"):
-        code, message = status_of(lambda: obj.create_notebook(alice, namespace, obj.notebook(
-            f"nb-{value}", annotations={EXEMPT_ANNOTATION: value})))
+        body = obj.notebook(f"nb-{value}", annotations={EXEMPT_ANNOTATION: value})
+        code, message = status_of(functools.partial(obj.create_notebook, alice, namespace, body))
         assert code == 403 and EXEMPT_REFUSAL in message, (value, code, message)
     assert status_of(lambda: obj.create_notebook(alice, namespace, obj.notebook("nb-plain")))[0] == 200
 
     # An admin sets it; alice can neither change nor remove it.
     assert status_of(patch(admin, namespace, "nb", {EXEMPT_ANNOTATION: "true"})) == (200, "")
-    for change in ({EXEMPT_ANNOTATION: "false"}, {EXEMPT_ANNOTATION: "TRUE"}, {EXEMPT_ANNOTATION: None}):
+    changes: list[dict[str, str | None]] = [{EXEMPT_ANNOTATION: "false"}, {EXEMPT_ANNOTATION: "TRUE"},
+                                            {EXEMPT_ANNOTATION: None}]
+    for change in changes:
         code, message = status_of(patch(alice, namespace, "nb", change))
         assert code == 403 and EXEMPT_REFUSAL in message, change
     assert obj.get_notebook(api, namespace, "nb")["metadata"]["annotations"][EXEMPT_ANNOTATION] == "true"
