@@ -16,6 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 TEN_YEARS_MIN = 10 * 366 * 24 * 60
 ServerType = Literal["jupyter", "group-one", "group-two"]
+# What a GPU notebook's missing GPU metrics mean when no GPU source is configured (docs/configuration.md).
+GpuWithoutMetrics = Literal["keep", "ide-only"]
+# The label GPU feature discovery puts on GPU nodes; a notebook names its model in its pod template's
+# nodeSelector or required node affinity (policy rules' `gpuModels`).
+GPU_MODEL_LABEL = "nvidia.com/gpu.product"
+DEFAULT_RULE = "default"  # the policy rule name of the top-level policy
+OVERRIDE_RULE_PREFIX = "namespaceOverrides."  # namespaceOverrides.<namespace>
 
 
 class ConfigError(ValueError):
@@ -65,6 +72,7 @@ class Policy(_Model):
     max_extend_minutes: float = Field(default=0, alias="maxExtendMinutes", ge=0, le=TEN_YEARS_MIN)
     gpu_resources: tuple[str, ...] = Field(default=("nvidia.com/gpu",), alias="gpuResources", strict=False)
     server_type_by_image: tuple[ImageRule, ...] = Field(default=(), alias="serverTypeByImage", strict=False)
+    gpu_without_metrics: GpuWithoutMetrics = Field(default="keep", alias="gpuWithoutMetrics")
 
     def server_type_for_image(self, image: str) -> ServerType | None:
         for rule in self.server_type_by_image:
@@ -236,21 +244,97 @@ class Operations(_Model):
     notifications: Notifications = Field(default_factory=Notifications)
 
 
+class SelectorRequirement(_Model):
+    """One `matchExpressions` entry of a Kubernetes label selector."""
+
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = Field(default=(), strict=False)  # a YAML list
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> SelectorRequirement:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs values")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        return self
+
+
+class LabelSelector(_Model):
+    """A Kubernetes label selector: every matchLabels pair and every matchExpressions entry must hold."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
+    match_expressions: tuple[SelectorRequirement, ...] = Field(default=(), alias="matchExpressions",
+                                                               strict=False)
+
+
+class RuleMatch(_Model):
+    """What a policy rule applies to; every condition given must hold (none given: every notebook)."""
+
+    namespace_selector: LabelSelector | None = Field(default=None, alias="namespaceSelector")
+    notebook_selector: LabelSelector | None = Field(default=None, alias="notebookSelector")
+    server_types: tuple[ServerType, ...] | None = Field(default=None, alias="serverTypes", strict=False)
+    gpu: bool | None = None
+    gpu_resources: tuple[str, ...] | None = Field(default=None, alias="gpuResources", strict=False)
+    gpu_models: tuple[str, ...] | None = Field(default=None, alias="gpuModels", strict=False)
+
+
+class _RuleHead(_Model):
+    name: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+    match: RuleMatch = Field(default_factory=RuleMatch)
+
+
+class PolicyRule:
+    """One entry of `rules`: a name, what it matches, and the policy it gives (top level + its keys)."""
+
+    def __init__(self, name: str, match: RuleMatch, policy: Policy) -> None:
+        self.name = name
+        self.match = match
+        self.policy = policy
+
+
 _POLICY_KEYS = {f.alias or n for n, f in Policy.model_fields.items()}
 _OPS_KEYS = {f.alias or n for n, f in Operations.model_fields.items()}
 _OVERRIDES_KEY = "namespaceOverrides"
+_RULES_KEY = "rules"
 
 
 class Settings:
-    """The validated configuration: a default policy, per-namespace policies, and operations."""
+    """The validated configuration: a default policy, per-namespace overrides, ordered policy rules
+    (kf_culler/policy.py picks one per notebook), and operations."""
 
-    def __init__(self, policy: Policy, operations: Operations, overrides: dict[str, Policy]) -> None:
+    def __init__(self, policy: Policy, operations: Operations, overrides: dict[str, Policy],
+                 rules: tuple[PolicyRule, ...] = ()) -> None:
         self.policy = policy
         self.operations = operations
         self.overrides = overrides
+        self.rules = rules
 
     def policy_for(self, namespace: str) -> Policy:
+        """The namespace's override, else the top-level policy (rules need the notebook: policy.select)."""
         return self.overrides.get(namespace, self.policy)
+
+    def policies(self) -> list[Policy]:
+        """Every policy a notebook can get: the top level, the overrides, the rules'."""
+        return [self.policy, *self.overrides.values(), *(r.policy for r in self.rules)]
+
+    @property
+    def needs_namespace_labels(self) -> bool:
+        return any(r.match.namespace_selector is not None for r in self.rules)
+
+    @property
+    def gpu_source_configured(self) -> bool:
+        return bool(self.operations.prometheus.url or self.operations.dcgm.endpoints)
+
+    def gpu_source_warning(self) -> str | None:
+        """What GPU notebooks get when no GPU source is configured (None when one is)."""
+        if self.gpu_source_configured:
+            return None
+        choices = sorted({p.gpu_without_metrics for p in self.policies()})
+        what = {"keep": "GPU notebooks are never stopped for idleness (kept as no-signal)",
+                "ide-only": "GPU notebooks are judged by their IDE alone, like CPU notebooks"}
+        return ("no GPU metrics source is configured (prometheus.url, dcgm.endpoints): "
+                + "; ".join(f"gpuWithoutMetrics: {c}: {what[c]}" for c in choices))
 
 
 def _describe(err: ValidationError, source: str, prefix: str = "") -> str:
@@ -289,7 +373,7 @@ def load_mapping(data: object, source: str) -> Settings:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the configuration must be a mapping, not {type(data).__name__}")
-    unknown = sorted(str(k) for k in data if k not in _POLICY_KEYS | _OPS_KEYS | {_OVERRIDES_KEY})
+    unknown = sorted(str(k) for k in data if k not in _POLICY_KEYS | _OPS_KEYS | {_OVERRIDES_KEY, _RULES_KEY})
     if unknown:
         raise ConfigError(f"{source}: unknown key '{unknown[0]}'" + (
             f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
@@ -315,7 +399,43 @@ def load_mapping(data: object, source: str) -> Settings:
             overrides[str(namespace)] = Policy.model_validate({**base_raw, **raw})
         except ValidationError as err:
             raise ConfigError(_describe(err, source, prefix=f"{where}.")) from None
-    return Settings(policy, operations, overrides)
+    return Settings(policy, operations, overrides, _load_rules(data.get(_RULES_KEY), base_raw, source))
+
+
+def _load_rules(raw: object, base_raw: dict[str, Any], source: str) -> tuple[PolicyRule, ...]:
+    """`rules`: an ordered list of {name, match, policy}; a rule's policy is the top level plus its keys."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"{source}: key '{_RULES_KEY}' must be a list of {{name, match, policy}}")
+    rules: list[PolicyRule] = []
+    for i, entry in enumerate(raw):
+        where = f"{_RULES_KEY}[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{source}: key '{where}' must be a mapping with name, match and policy")
+        bad = sorted(str(k) for k in entry if k not in ("name", "match", "policy"))
+        if bad:
+            raise ConfigError(f"{source}: unknown key '{where}.{bad[0]}' (a rule has name, match and policy)")
+        try:
+            head = _RuleHead.model_validate({k: v for k, v in entry.items() if k != "policy"})
+        except ValidationError as err:
+            raise ConfigError(_describe(err, source, prefix=f"{where}.")) from None
+        if head.name == DEFAULT_RULE or head.name in (r.name for r in rules):
+            raise ConfigError(f"{source}: key '{where}.name': {head.name!r} is "
+                              + ("reserved for the top-level policy" if head.name == DEFAULT_RULE else "used twice"))
+        keys = entry.get("policy") or {}
+        if not isinstance(keys, dict):
+            raise ConfigError(f"{source}: key '{where}.policy' must be a mapping of policy keys")
+        unknown = sorted(str(k) for k in keys if k not in _POLICY_KEYS)
+        if unknown:
+            raise ConfigError(f"{source}: unknown key '{where}.policy.{unknown[0]}' in rule '{head.name}' "
+                              "(only policy keys may be set)")
+        try:
+            policy = Policy.model_validate({**base_raw, **keys})
+        except ValidationError as err:
+            raise ConfigError(_describe(err, source, prefix=f"{where}.policy.")) from None
+        rules.append(PolicyRule(head.name, head.match, policy))
+    return tuple(rules)
 
 
 def load_file(path: str | Path) -> Settings:
