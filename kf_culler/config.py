@@ -70,6 +70,11 @@ class Policy(_Model):
     gpu: GpuThresholds = Field(default_factory=GpuThresholds)
     allow_exempt: bool = Field(default=False, alias="allowExempt")
     max_extend_minutes: float = Field(default=0, alias="maxExtendMinutes", ge=0, le=TEN_YEARS_MIN)
+    # The lifetime cap (rule 13): stop even an active notebook once its pod has run this long.
+    max_running_minutes: float | None = Field(default=None, alias="maxRunningMinutes", gt=0, le=TEN_YEARS_MIN)
+    # Broken GPU notebooks (rule 14): crash-looping or not Ready this long while holding a GPU.
+    broken_minutes: float | None = Field(default=None, alias="brokenMinutes", ge=0, le=TEN_YEARS_MIN)
+    broken_action: Literal["report", "stop"] = Field(default="report", alias="brokenAction")
     gpu_resources: tuple[str, ...] = Field(default=("nvidia.com/gpu",), alias="gpuResources", strict=False)
     server_type_by_image: tuple[ImageRule, ...] = Field(default=(), alias="serverTypeByImage", strict=False)
     gpu_without_metrics: GpuWithoutMetrics = Field(default="keep", alias="gpuWithoutMetrics")
@@ -238,6 +243,8 @@ class Operations(_Model):
     dry_run: bool = Field(default=False, alias="dryRun")
     gpu_only: bool = Field(default=False, alias="gpuOnly")
     last_activity_step_minutes: float = Field(default=10, alias="lastActivityStepMinutes", ge=0, le=1440)
+    # `check` lists, and a gauge counts, notebooks stopped longer than this (the culler never deletes them).
+    long_stopped_days: float = Field(default=30, alias="longStoppedDays", gt=0, le=3660)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     rstudio: RStudioSettings = Field(default_factory=RStudioSettings)
     dcgm: DcgmSettings = Field(default_factory=DcgmSettings)
