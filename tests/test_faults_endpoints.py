@@ -36,8 +36,8 @@ RETRIES = 1
 PROBE = ProbeSettings.model_validate({"timeoutSeconds": TIMEOUT, "connectTimeoutSeconds": 1.0, "retries": RETRIES})
 # A behavioural bound, not a speed target: the budget covers every attempt; one second of slack.
 PROBE_BOUND = TIMEOUT * (1 + RETRIES) + 1.0
-FAULTS = ["hang", "reset", "e401", "e403", "e404", "e500", "e502", "e503", "e504", "badjson", "huge", "hugechunked",
-          "slow"]
+FAULTS = ["hang", "reset", "e401", "e403", "rbac", "e404", "e500", "e502", "e503", "e504", "badjson", "huge",
+          "hugechunked", "slow"]
 TRANSIENT = {"reset", "e502", "e503", "e504"}  # retried: at most 1 + retries attempts; every other fault: one
 
 

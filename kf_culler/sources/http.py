@@ -18,6 +18,26 @@ from kf_culler.config import ProbeSettings
 REQUESTS_PER_NOTEBOOK = 3  # Jupyter: api/status, api/kernels, api/terminals
 
 
+# The body of the 403 an Istio sidecar sends when an AuthorizationPolicy refuses the request (RBAC filter).
+ISTIO_DENIED_BODY = b"RBAC: access denied"
+ISTIO_DENIED = ("HTTP 403 from the Istio sidecar (RBAC: access denied): kf-culler is not allowed to probe this "
+                "namespace; apply kustomize/overlays/kubeflow/profile-namespace or turn on "
+                "istio.manageAuthorizationPolicies")
+
+
+async def _istio_denied(resp: aiohttp.ClientResponse) -> bool:
+    """Whether a 403 is Istio's refusal: its body is exactly `RBAC: access denied` (read at most 64 bytes)."""
+    if resp.content_length is not None and resp.content_length > 64:
+        return False
+    body = b""
+    while len(body) < 64:
+        chunk = await resp.content.read(64 - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return body.strip() == ISTIO_DENIED_BODY
+
+
 class Transient(Exception):
     """A failure worth one more try (connection refused/reset, 502/503/504)."""
 
@@ -103,6 +123,8 @@ class Fetcher:
                 call.status = resp.status
                 if resp.status in (502, 503, 504):
                     raise Transient(f"HTTP {resp.status}")
+                if resp.status == 403 and await _istio_denied(resp):
+                    raise Permanent(ISTIO_DENIED)
                 if resp.status != 200:
                     raise Permanent(f"HTTP {resp.status}")
                 limit = self.settings.max_response_bytes

@@ -12,6 +12,8 @@ Behaviours:
   hang         reads the request, then sends nothing until the client goes away
   reset        accepts, reads the request, then resets the connection (RST)
   eNNN         answers HTTP NNN (401, 403, 404, 500, 503, ...) with a small JSON body
+  rbac         answers 403 with Istio's sidecar body `RBAC: access denied` (text/plain), as a sidecar does
+               when no AuthorizationPolicy lets the caller in
   badjson      200 with a body that is not JSON
   huge         200 with Content-Length: 50 MB, then streams it
   hugechunked  200 with a chunked 50 MB body and no Content-Length
@@ -167,6 +169,9 @@ class FaultyServer:
             status = int(behaviour[1:])
             await self._respond(writer, behaviour, status, json.dumps({"message": f"HTTP {status}"}).encode())
             return
+        if behaviour == "rbac":
+            await self._respond(writer, behaviour, 403, b"RBAC: access denied", "text/plain")
+            return
         if behaviour == "badjson":
             await self._respond(writer, behaviour, 200, b'{"status": "alive", "lastHeartbeat": 17')
             return
@@ -186,8 +191,9 @@ class FaultyServer:
         await self._respond(writer, behaviour, 200, body)
 
     @staticmethod
-    def _head(status: int, length: int | None, chunked: bool = False) -> bytes:
-        lines = [f"HTTP/1.1 {status} X", "Content-Type: application/json", "Connection: close"]
+    def _head(status: int, length: int | None, chunked: bool = False,
+              content_type: str = "application/json") -> bytes:
+        lines = [f"HTTP/1.1 {status} X", f"Content-Type: {content_type}", "Connection: close"]
         if chunked:
             lines.append("Transfer-Encoding: chunked")
         elif length is not None:
@@ -198,8 +204,9 @@ class FaultyServer:
         with self.lock:
             self.body_bytes[behaviour] += n
 
-    async def _respond(self, writer: asyncio.StreamWriter, behaviour: str, status: int, body: bytes) -> None:
-        writer.write(self._head(status, len(body)) + body)
+    async def _respond(self, writer: asyncio.StreamWriter, behaviour: str, status: int, body: bytes,
+                       content_type: str = "application/json") -> None:
+        writer.write(self._head(status, len(body), content_type=content_type) + body)
         await writer.drain()
         self._sent(behaviour, len(body))
 
