@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kf_culler.config import Policy
+from kf_culler.config import GPU_MODEL_LABEL, Policy
 from kf_culler.ide import DEFAULT_SERVER_TYPE
 from kf_culler.model import SERVER_TYPE_ANNOTATION, InputError
 from kf_culler.timeutil import parse_time
@@ -91,6 +91,47 @@ def gpu_count(notebook: dict[str, Any], pod: dict[str, Any] | None, resources: t
     return int(min(total, MAX_GPUS))
 
 
+def requested_resources(notebook: dict[str, Any], pod: dict[str, Any] | None) -> frozenset[str]:
+    """The resource names the pod (or, without a pod, the notebook template) asks for a positive amount of."""
+    found = pod_containers(pod) if pod else []
+    if not found:
+        found = template_containers(notebook)
+    names: set[str] = set()
+    for c in found:
+        res = as_dict(c.get("resources"))
+        for kind in ("limits", "requests"):
+            names.update(str(k) for k, v in as_dict(res.get(kind)).items() if _quantity(v) > 0)
+    return frozenset(names)
+
+
+def string_labels(obj: object) -> dict[str, str]:
+    """An object's labels whose keys and values are strings (others are skipped)."""
+    labels = as_dict(metadata_of(obj).get("labels"))
+    return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def gpu_models(notebook: object) -> tuple[str, ...]:
+    """The GPU models the notebook's pod template asks for: the value of `nvidia.com/gpu.product` in its
+    nodeSelector, and the values of `In` terms on that key in its required node affinity."""
+    spec = as_dict(as_dict(as_dict(notebook).get("spec")).get("template"))
+    pod_spec = as_dict(spec.get("spec"))
+    models: list[str] = []
+    chosen = as_dict(pod_spec.get("nodeSelector")).get(GPU_MODEL_LABEL)
+    if isinstance(chosen, str):
+        models.append(chosen)
+    required = as_dict(as_dict(as_dict(pod_spec.get("affinity")).get("nodeAffinity")).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = required.get("nodeSelectorTerms")
+    for term in terms if isinstance(terms, list) else []:
+        exprs = as_dict(term).get("matchExpressions")
+        for e in exprs if isinstance(exprs, list) else []:
+            e = as_dict(e)
+            values = e.get("values")
+            if e.get("key") == GPU_MODEL_LABEL and e.get("operator") == "In" and isinstance(values, list):
+                models.extend(v for v in values if isinstance(v, str))
+    return tuple(dict.fromkeys(models))
+
+
 def server_type(notebook: dict[str, Any], policy: Policy) -> str:
     """The annotation's server type, else the first container's image rule, else Jupyter (rule 4)."""
     value = checked_annotations(notebook).get(SERVER_TYPE_ANNOTATION)
@@ -117,6 +158,53 @@ def running_since(pod: object) -> datetime | None:
     return parse_time(status.get("startTime"))
 
 
+@dataclass(frozen=True)
+class PodTrouble:
+    """Why a pod cannot serve, as one pod object shows it (rule 14): crash-looping or not Ready."""
+
+    since: datetime  # the earliest of the Ready condition's lastTransitionTime (when False) and the start
+    # of a crash-looping container's wait (its lastState.terminated.finishedAt)
+    what: str  # in words, for the reason
+    restarts: int
+
+
+def _restart_count(cs: dict[str, Any]) -> int:
+    n = cs.get("restartCount")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
+def pod_trouble(pod: object) -> PodTrouble | None:
+    """A pod that is crash-looping (a container waiting in CrashLoopBackOff, or restarted and not running
+    now) or whose Ready condition is False, with the time that began; None when the pod looks healthy, is
+    being deleted, or no time can be read."""
+    status = as_dict(as_dict(pod).get("status"))
+    if pod_deleting(pod) or status.get("phase") not in ("Running", "Pending"):
+        return None
+    since: list[datetime] = []
+    what: list[str] = []
+    restarts = 0
+    for cs in containers(pod, "status", "containerStatuses"):
+        state = as_dict(cs.get("state"))
+        waiting = as_dict(state.get("waiting")).get("reason")
+        n = _restart_count(cs)
+        if waiting != "CrashLoopBackOff" and (n == 0 or "running" in state):
+            continue
+        restarts += n
+        what.append(f"container {str(cs.get('name'))[:63]!r} is crash-looping ({n} restarts)")
+        t = parse_time(as_dict(as_dict(cs.get("lastState")).get("terminated")).get("finishedAt"))
+        if t is not None:
+            since.append(t)
+    for cond in containers(pod, "status", "conditions"):
+        if cond.get("type") == "Ready" and cond.get("status") == "False":
+            what.append("the pod is not Ready")
+            t = parse_time(cond.get("lastTransitionTime"))
+            if t is not None:
+                since.append(t)
+    if not what or not since:
+        return None
+    return PodTrouble(min(since), "; ".join(what), restarts)
+
+
 def pod_start(pod: object) -> datetime | None:
     """When the pod started running; None when it is not running, or is being deleted (a stopped
     notebook's old pod can still answer for up to its termination grace)."""
@@ -135,6 +223,9 @@ class NotebookView:
     pod: dict[str, Any] | None
     pod_start: datetime | None  # None: no running pod (none, not Running, or being deleted)
     pod_deleting: bool
+    labels: Mapping[str, str] = field(default_factory=dict)  # the Notebook's labels (policy rules)
+    resources: frozenset[str] = frozenset()  # resource names requested (policy rules' gpuResources)
+    gpu_models: tuple[str, ...] = ()  # GPU models the pod template asks for (policy rules' gpuModels)
 
     @classmethod
     def of(cls, notebook: dict[str, Any], pod: dict[str, Any] | None, policy: Policy) -> NotebookView:
@@ -155,6 +246,9 @@ class NotebookView:
             pod=pod,
             pod_start=pod_start(pod),
             pod_deleting=pod_deleting(pod),
+            labels=string_labels(notebook),
+            resources=requested_resources(notebook, pod),
+            gpu_models=gpu_models(notebook),
         )
 
     @property
