@@ -61,6 +61,9 @@ class Verdict:
     stop_at: datetime | None = None
     warn_at: datetime | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    # What chose the policy (kf_culler/policy.py): a rule's name, namespaceOverrides.<ns> or default; set
+    # by whoever selected the policy (the cycle, kf-culler decide), not by the rules.
+    policy_rule: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         def t(x: datetime | None) -> str | None:
@@ -71,6 +74,7 @@ class Verdict:
             "state": self.state,
             "reason": self.reason,
             "rule": self.rule,
+            "policyRule": self.policy_rule,
             "serverType": self.server_type,
             "gpuNotebook": self.gpu_notebook,
             "idleSince": t(self.idle_since),

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from kf_culler.config import ConfigError, load_mapping
 from kf_culler.decide import decide
 from kf_culler.model import InputError, Verdict
+from kf_culler.notebook import NotebookView
+from kf_culler.policy import select
 from kf_culler.timeutil import parse_time
 
 
@@ -25,12 +28,14 @@ def verdict_for_document(doc: object, source: str = "input") -> Verdict:
     notebook = doc["notebook"]
     if not isinstance(notebook, dict):
         raise InputError(f"{source}: 'notebook' must be an object")
-    meta = notebook.get("metadata")
-    namespace = meta.get("namespace") if isinstance(meta, dict) else None
-    policy = settings.policy_for(namespace) if isinstance(namespace, str) else settings.policy
+    labels = doc.get("namespaceLabels")  # the Namespace's labels, for rules with a namespaceSelector
+    if labels is not None and not (isinstance(labels, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items())):
+        raise InputError(f"{source}: 'namespaceLabels' must map label keys to string values")
     observations: Any = doc.get("observations") or {}
     try:
-        return decide(notebook, doc.get("pod"), observations, policy, now)
+        policy, rule = select(NotebookView.of(notebook, doc.get("pod"), settings.policy), labels, settings)
+        return dataclasses.replace(decide(notebook, doc.get("pod"), observations, policy, now), policy_rule=rule)
     except InputError as err:
         raise InputError(f"{source}: {err}") from None
 

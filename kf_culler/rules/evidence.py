@@ -98,8 +98,12 @@ def _read_gpu(gpus: int, observations: dict[str, Any], policy: Policy,
               record: dict[str, Any]) -> tuple[GpuReading | None, str | None]:
     if gpus == 0 and "gpu" not in observations:
         return None, None
-    if "gpu" not in observations:
-        return None, "GPU metrics were not asked"
+    if "gpu" not in observations:  # no GPU source is configured (the culler asks one whenever there is)
+        if policy.gpu_without_metrics == "ide-only":
+            record["gpu"] = {"read": False, "ignored": "no GPU metrics source is configured; "
+                             "gpuWithoutMetrics: ide-only judges the notebook by its IDE alone"}
+            return None, None
+        return None, "no GPU metrics source is configured (gpuWithoutMetrics: keep)"
     raw = observations["gpu"]
     try:
         gpu = read_gpu(raw, policy)
