@@ -311,6 +311,7 @@ def test_a_notebook_that_breaks_deciding_costs_only_itself(home: FaultyServer, m
     and the other notebooks are decided and planned as usual."""
     import kf_culler.cycle as cycle_module
     from kf_culler.cycle import Cycle
+    from kf_culler.notebook import NotebookView
 
     started = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     items: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
@@ -318,14 +319,14 @@ def test_a_notebook_that_breaks_deciding_costs_only_itself(home: FaultyServer, m
         nb = obj.notebook(name)
         nb["metadata"]["namespace"] = "team-a"
         items.append((nb, {"metadata": {"name": f"{name}-0"}, "status": {"phase": "Running", "startTime": started}}))
-    real = decide
+    real = cycle_module.decide_view
 
-    def fragile(notebook: dict[str, Any], *args: Any) -> Verdict:
-        if notebook["metadata"]["name"] == "nb-breaks":
+    def fragile(view: NotebookView, *args: Any) -> Verdict:
+        if view.name == "nb-breaks":
             raise RuntimeError("a rule met an input it did not expect")
-        return real(notebook, *args)
+        return real(view, *args)
 
-    monkeypatch.setattr(cycle_module, "decide", fragile)
+    monkeypatch.setattr(cycle_module, "decide_view", fragile)
     settings = load_mapping({"idleMinutes": 30, "warnMinutes": 0, "startupGraceMinutes": 0,
                              "urls": {"jupyter": home.base + "/notebook/{namespace}/{name}/"}}, "test")
     result = Cycle(settings).run(items)

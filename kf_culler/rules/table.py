@@ -7,7 +7,7 @@ decides and why; the reason texts here are what users read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -24,10 +24,10 @@ from kf_culler.model import (
     State,
     Verdict,
 )
-from kf_culler.notebook import NotebookView
+from kf_culler.notebook import NotebookView, pod_trouble
 from kf_culler.rules.evidence import Clock, Evidence, gather
 from kf_culler.rules.words import hhmm, minutes
-from kf_culler.timeutil import add_minutes, parse_time
+from kf_culler.timeutil import add_minutes, format_time, parse_time
 
 RuleFn = Callable[[Evidence, Policy, datetime], Verdict | None]
 
@@ -99,6 +99,71 @@ def in_grace(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
     return _plain(ev, "keep", "starting",
                   f"The notebook started {minutes((now - started).total_seconds())} ago; idle culling "
                   f"waits {minutes(policy.startup_grace_minutes * 60)} after a start.", "3-starting")
+
+
+# -- 13 and 14: before the evidence, after the start --------------------------------------------------------
+
+def broken(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 14, a GPU notebook whose pod is crash-looping or not Ready for brokenMinutes: reported (a warning),
+    or stopped when brokenAction says so. Runs before rule 3: such a pod may be Pending or in its grace."""
+    limit = policy.broken_minutes
+    trouble = pod_trouble(ev.view.pod) if limit is not None and ev.view.gpu_notebook else None
+    if limit is None or trouble is None:
+        return None
+    since = min(trouble.since, now)
+    stop_at = add_minutes(since, limit)
+    stopping = policy.broken_action == "stop"
+    warn_at = add_minutes(stop_at, -policy.warn_minutes) if stopping and policy.warn_minutes > 0 else stop_at
+    if now < warn_at:
+        return None
+    held = f"It holds {ev.view.gpus} GPU(s) but cannot be used: {trouble.what}, since {hhmm(since, now)}"
+    record = {"pod": {"broken": trouble.what, "since": format_time(since), "restarts": trouble.restarts}}
+    timing: dict[str, Any] = {"stop_at": stop_at if stopping else None, "warn_at": warn_at}
+    action: Action = "warn"
+    if not stopping:
+        reason = (f"{held} (over {minutes(limit * 60)}). The culler does not stop it; restart or fix the notebook to "
+                  "release the GPU.")
+    elif now >= stop_at:
+        action, reason = "stop", (f"Stopped: broken for {minutes((now - since).total_seconds())}. {held} (limit "
+                                  f"{minutes(limit * 60)}). Your files in the home volume are kept; start the "
+                                  "notebook again once it is fixed.")
+    else:
+        reason = f"{held}; it will be stopped at {hhmm(stop_at, now)} unless it recovers."
+    return replace(_verdict(ev, action, "broken", reason, "14-broken", **timing), evidence={**ev.record, **record})
+
+
+def _rest(ev: Evidence, policy: Policy, now: datetime, after: RuleFn) -> Verdict:
+    """The verdict of the rules after `after` in the table."""
+    following = RULES[next(i for i, r in enumerate(RULES) if r.check is after) + 1:]
+    return next(v for r in following if (v := r.check(ev, policy, now)) is not None)
+
+
+def lifetime_cap(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 13, the lifetime cap: warn, then stop a notebook whose pod (or restart) has run maxRunningMinutes,
+    whatever the evidence; keep-until moves it within maxExtendMinutes (rule 12). The state is what the
+    evidence says (the rules after this one), and a stop they reach first is theirs."""
+    cap = policy.max_running_minutes
+    if cap is None:
+        return None
+    started = _clock(ev).started
+    stop_at, note = _extension(ev, policy, now, add_minutes(started, cap))
+    warn_at = add_minutes(stop_at, -policy.warn_minutes)
+    if now < stop_at and (policy.warn_minutes <= 0 or now < warn_at):
+        return None
+    rest = _rest(ev, policy, now, lifetime_cap)
+    if now < stop_at and rest.action == "stop":
+        return None  # the later rule stops it now: its verdict, its id
+    ran, since, limit = minutes((now - started).total_seconds()), hhmm(started, now), minutes(cap * 60)
+    timing: dict[str, Any] = {"idle_since": rest.idle_since, "idle_seconds": rest.idle_seconds,
+                              "stop_at": stop_at, "warn_at": warn_at}
+    if now >= stop_at:
+        return _verdict(ev, "stop", rest.state, f"Stopped by the lifetime cap: it ran {ran} since {since}, and this "
+                        f"cluster stops notebooks after {limit} running, even in use. Your files in the home volume "
+                        f"are kept; start the notebook again to continue.{note}", "13-lifetime-cap", **timing)
+    ask = f" To ask for more time, set {KEEP_UNTIL_ANNOTATION}." if policy.max_extend_minutes > 0 else ""
+    return _verdict(ev, "warn", rest.state, f"Running for {ran} (since {since}); the lifetime cap of {limit} stops "
+                    f"it at {hhmm(stop_at, now)} even if it is in use: save your work.{ask}{note}", "13-lifetime-cap",
+                    **timing)
 
 
 # -- 5 and 6: positive evidence, then no signal ------------------------------------------------------------
@@ -253,8 +318,10 @@ RULES: tuple[Rule, ...] = (
     Rule("1-stopped", stopped),
     Rule("2-exempt", exempt),
     Rule("3-restarted", restarted),
+    Rule("14-broken", broken),
     Rule("3-starting", no_running_pod),
     Rule("3-starting", in_grace),
+    Rule("13-lifetime-cap", lifetime_cap),
     Rule("5-positive-evidence", gpu_working),
     Rule("5-positive-evidence", ide_busy),
     Rule("6-no-signal", no_signal),
@@ -279,7 +346,12 @@ def decide(
         raise InputError("pod is neither an object nor null")
     if not isinstance(observations, dict):
         raise InputError("observations is not an object")
-    ev = gather(NotebookView.of(notebook, pod, policy), observations, policy, now)
+    return decide_view(NotebookView.of(notebook, pod, policy), observations, policy, now)
+
+
+def decide_view(view: NotebookView, observations: dict[str, Any], policy: Policy, now: datetime) -> Verdict:
+    """The verdict for a notebook already unwrapped into its view (what a pass builds once)."""
+    ev = gather(view, observations, policy, now)
     for rule in RULES:
         verdict = rule.check(ev, policy, now)
         if verdict is not None:
