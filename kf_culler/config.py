@@ -153,6 +153,18 @@ class DcgmSettings(_Model):
     insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
 
 
+class IstioSettings(_Model):
+    """The culler keeps its own AuthorizationPolicy kf-culler-probes in every namespace with notebooks (off by
+    default; needs kustomize/components/istio-policies for the RBAC)."""
+
+    manage_authorization_policies: bool = Field(default=False, alias="manageAuthorizationPolicies")
+    # The culler's identity in the mesh: <trust domain>/ns/<namespace>/sa/<service account>.
+    principal: Annotated[str, StringConstraints(
+        pattern=r"^[A-Za-z0-9.-]+/ns/[a-z0-9]([-a-z0-9]*[a-z0-9])?/sa/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")] = (
+        "cluster.local/ns/kubeflow/sa/kf-culler")
+    reconcile_every_passes: int = Field(default=1, alias="reconcileEveryPasses", ge=1, le=1440)
+
+
 NotifyKind = Literal["warn", "stop", "restart"]
 
 
@@ -249,6 +261,7 @@ class Operations(_Model):
     rstudio: RStudioSettings = Field(default_factory=RStudioSettings)
     dcgm: DcgmSettings = Field(default_factory=DcgmSettings)
     notifications: Notifications = Field(default_factory=Notifications)
+    istio: IstioSettings = Field(default_factory=IstioSettings)
 
 
 class SelectorRequirement(_Model):

@@ -13,6 +13,7 @@ from typing import Any
 from kf_culler.config import Settings
 from kf_culler.cycle import Cycle, CycleResult, NotebookResult
 from kf_culler.kube.cache import ClusterCache
+from kf_culler.kube.istio import PolicyKeeper
 from kf_culler.kube.writer import Writer
 from kf_culler.sources.bulk import BulkSource
 
@@ -70,6 +71,7 @@ class Runner:
     tracer: Any = None
     notifier: Any = None  # kf_culler.notify.notifier.Notifier (notices of warnings and stops), or None
     _sources: tuple[BulkSource | None, BulkSource | None] | None = None
+    policies: PolicyKeeper | None = None  # kf-culler-probes per namespace (istio.manageAuthorizationPolicies)
     last_cycle_end: float = 0.0
     cycles: int = 0
 
@@ -109,10 +111,14 @@ class Runner:
     def once(self) -> CycleResult:
         cache = self.cache or self.start_cache()
         cycle = self.build_cycle()
-        result = cycle.run(cache.snapshot())
+        snapshot = cache.snapshot()
+        result = cycle.run(snapshot)
         for r in result.results:
             if r.write is not None and r.write.notebook is not None:
                 cache.record_notebook(r.write.notebook)
+        if self.policies is None:
+            self.policies = PolicyKeeper.for_settings(self.settings, self.api, self.dry_run)
+        self.policies.after_pass(snapshot, self.may_write, getattr(self, "owns", None) or (lambda _ns: True))
         self.cycles += 1
         self.last_cycle_end = time.monotonic()
         if self.on_cycle is not None:
