@@ -2,31 +2,49 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 from kf_culler.config import load_mapping
+from kf_culler.kube.owners import NOTIFY_EMAIL_ANNOTATION
 from kf_culler.local import objects as obj
 from kf_culler.local import procs
 from kf_culler.local.cluster import LocalCluster
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION
+from kf_culler.notify.notifier import Notifier
 from kf_culler.report import table
 from kf_culler.runner import Runner
 
+if TYPE_CHECKING:
+    from kf_culler.local.inbox import Inbox
+
 NAMESPACE = "kubeflow-user-example-com"
+USER_EMAIL = "user@example.com"
 
 
 def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0, max_seconds: float = 180) -> int:
+    lock = threading.Lock()  # the notices arrive on other threads: one whole line at a time
+
     def say(text: str = "") -> None:
-        print(text, file=out, flush=True)
+        with lock:
+            out.write(text + "\n")
+            out.flush()
 
     cluster = LocalCluster(quiet=False)
     router = Router()
     servers: list[JupyterServer] = []
     runner: Runner | None = None
+    inbox: Inbox | None = None
+    notifier: Notifier | None = None
+    workdir = Path(tempfile.mkdtemp(prefix="kf-culler-demo-"))
     try:
         say("1. Starting a local Kubernetes control plane (etcd + kube-apiserver, built from upstream) ...")
         t0 = time.monotonic()
@@ -37,7 +55,7 @@ def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0
         router.start()
 
         say("2. Starting two real Jupyter servers on loopback, as Kubeflow runs them ...")
-        obj.create_namespace(api, NAMESPACE)
+        obj.create_namespace(api, NAMESPACE, {NOTIFY_EMAIL_ANNOTATION: USER_EMAIL})
         started = datetime.now(UTC) - timedelta(hours=1)
         for name in ("training", "forgotten"):
             s = JupyterServer(NAMESPACE, name)
@@ -53,15 +71,23 @@ def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0
         say(f"   {NAMESPACE}/training: a kernel running a loop (busy)")
         say(f"   {NAMESPACE}/forgotten: a kernel opened once and left idle")
 
+        inbox = _start_inbox(say)
+        notices = {"notifications": inbox.settings(workdir)} if inbox is not None else {}
         settings = load_mapping({
             "idleMinutes": idle_seconds / 60, "warnMinutes": warn_seconds / 60, "startupGraceMinutes": 0,
             "checkPeriodSeconds": 3, "lastActivityStepMinutes": 60,
             "namespaces": {"include": [NAMESPACE]}, "urls": {"jupyter": router.template("notebook")},
+            **notices,
         }, "demo")
         say(f"3. Running the culler: idle limit {idle_seconds:g} s, a warning {warn_seconds:g} s before the "
             "stop, a pass every 3 s.")
         say()
         runner = Runner(settings, api)
+        if inbox is not None:
+            say(f"   Notices go by mail to {USER_EMAIL} (the namespace's {NOTIFY_EMAIL_ANNOTATION}) and to a "
+                "webhook, both served on loopback by the demo.")
+            say()
+            notifier = runner.notifier = Notifier.for_settings(settings, api)
         runner.start_cache(30)
         last_table = ""
         stopped_at: float | None = None
@@ -86,6 +112,8 @@ def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0
             if stopped_at is not None and time.monotonic() - stopped_at > 3:
                 break
             time.sleep(settings.operations.check_period_seconds)
+        if notifier is not None:
+            notifier.wait_idle(15)  # the stop's notices, sent off the pass's thread
         if stopped_at is None:
             say("The idle notebook was not stopped in time; see the table above.")
             return 1
@@ -97,12 +125,28 @@ def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0
         say("Cleaning up: stopping the culler, the Jupyter servers and the control plane ...")
         if runner is not None and runner.cache is not None:
             runner.cache.close()
+        if notifier is not None:
+            notifier.close()
+        if inbox is not None:
+            inbox.close()
+        shutil.rmtree(workdir, ignore_errors=True)
         procs.stop_all([s.proc for s in servers if s.proc is not None])
         for s in servers:
             s.stop()  # already ended: removes its directory
         router.stop()
         cluster.stop()
         say("Done; nothing is left running.")
+
+
+def _start_inbox(say: Callable[[str], None]) -> Inbox | None:
+    """The demo's loopback mail server and webhook receiver, when aiosmtpd (the demo extra) is installed."""
+    try:
+        from kf_culler.local.inbox import Inbox
+    except ImportError:
+        say("   (aiosmtpd is not installed, so the demo shows no mail or webhook notices: "
+            "pip install -e '.[demo]')")
+        return None
+    return Inbox(say).start()
 
 
 def _show_stop(say: Any, api: Any, namespace: str, name: str) -> None:

@@ -67,6 +67,11 @@ def test_demo_stops_the_idle_notebook_and_cleans_up() -> None:
     out = done.stdout
     assert "kubeflow-resource-stopped:" in out and "IdleNotebookStopped" in out
     assert "IdleNotebookWarning" in out
+    # The notices reached the user: a mail and a webhook call for the warning and for the stop.
+    assert "-> mail to user@example.com: Notebook kubeflow-user-example-com/forgotten will be stopped" in out
+    assert "-> mail to user@example.com: Notebook kubeflow-user-example-com/forgotten was stopped" in out
+    for kind in ("warn", "stop"):
+        assert f"kind={kind} notebook=kubeflow-user-example-com/forgotten" in out, out[-3000:]
     assert "training" in out and "active" in out
     assert "Done; nothing is left running." in out
     assert leftovers(mark) == []

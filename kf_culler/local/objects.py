@@ -27,10 +27,10 @@ def notebook(name: str, server_type: str = "jupyter", gpus: int = 0, annotations
     }
 
 
-def create_namespace(api: Any, name: str) -> None:
+def create_namespace(api: Any, name: str, annotations: dict[str, str] | None = None) -> None:
     from kubernetes import client
 
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": name, "annotations": annotations or {}}})
 
 
 def create_notebook(api: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
