@@ -35,11 +35,11 @@ OWN_ANNOTATIONS = (
 STOPPED_BY_VALUE = "kf-culler"
 
 Action = Literal["keep", "warn", "stop"]
-State = Literal["active", "connected", "idle", "no-signal", "starting", "exempt", "stopped"]
+State = Literal["active", "connected", "idle", "no-signal", "starting", "exempt", "stopped", "broken"]
 # The rule that decided (docs/decisions.md, "The rules, in order"); public: a metrics label, Events.
 RuleId = Literal[
     "1-stopped", "2-exempt", "3-restarted", "3-starting", "5-positive-evidence", "6-no-signal",
-    "6-half-evidence", "9-connected", "9-connected-gpu-idle", "10-idle",
+    "6-half-evidence", "9-connected", "9-connected-gpu-idle", "10-idle", "13-lifetime-cap", "14-broken",
 ]
 SOURCES = (*IDE_SOURCES, "gpu")
 

@@ -58,6 +58,9 @@ def code_server(status: str, beat_ms: int) -> dict[str, Any]:
     return {"healthz": {"status": status, "lastHeartbeat": beat_ms}}
 
 
+NOT_READY_11 = [{"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-29T11:00:00Z"}]
+CRASH_LOOP = [{"name": "nb-idle", "restartCount": 7, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+               "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-11-29T11:00:00Z"}}}]
 T10 = 1795946400000  # 2026-11-29T10:00:00Z in ms
 
 CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
@@ -145,6 +148,50 @@ CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
      {"pod__spec__containers": [{"name": "c", "resources": {}}],
       "notebook__spec__template__spec__containers": [{"name": "c", "resources": {}}],
       "observations__gpu": {"error": "no series"}}, "stop", "idle", "10-idle"),
+    # Rule 13, the lifetime cap (the pod started 04:00, now is 12:00)
+    ("lifetime cap stops a notebook at work", {JUP: busy_jupyter(), "observations__gpu": gpu_series(50, 1000),
+                                               "config__maxRunningMinutes": 480}, "stop", "active", "13-lifetime-cap"),
+    ("lifetime cap warns before its stop", {JUP: busy_jupyter(), "config__maxRunningMinutes": 490,
+                                            "config__warnMinutes": 30}, "warn", "active", "13-lifetime-cap"),
+    ("lifetime cap not reached", {JUP: busy_jupyter(), "config__maxRunningMinutes": 600, "config__warnMinutes": 30},
+     "keep", "active", "5-positive-evidence"),
+    ("lifetime cap moved by keep-until within maxExtendMinutes",
+     {JUP: busy_jupyter(), "config__maxRunningMinutes": 480, "config__maxExtendMinutes": 120,
+      f"{ANN}__notebook-culler.io/keep-until": "2026-11-29T13:00:00Z"}, "keep", "active", "5-positive-evidence"),
+    ("lifetime cap counts from a restart the culler saw",
+     {JUP: busy_jupyter(), "config__maxRunningMinutes": 180,
+      f"{ANN}__notebook-culler.io/restarted-at": "2026-11-29T10:00:00Z"}, "keep", "active", "5-positive-evidence"),
+    ("an idle stop inside the lifetime warning is the idle rule's",
+     {"config__maxRunningMinutes": 490, "config__warnMinutes": 30}, "stop", "idle", "10-idle"),
+    ("lifetime cap on a connected notebook keeps its state", {f"{JUP}__status__connections": 1,
+                                                              "config__maxRunningMinutes": 480},
+     "stop", "connected", "13-lifetime-cap"),
+    ("exempt comes before the lifetime cap", {f"{ANN}__notebook-culler.io/exempt": "true",
+                                              "config__maxRunningMinutes": 60}, "keep", "exempt", "2-exempt"),
+    # Rule 14, broken GPU notebooks
+    ("GPU pod not Ready past brokenMinutes is reported",
+     {"pod__status__conditions": NOT_READY_11, "config__brokenMinutes": 30}, "warn", "broken", "14-broken"),
+    ("GPU pod not Ready past brokenMinutes is stopped with brokenAction stop",
+     {"pod__status__conditions": NOT_READY_11, "config__brokenMinutes": 30, "config__brokenAction": "stop"},
+     "stop", "broken", "14-broken"),
+    ("GPU pod not Ready, warned before a brokenAction stop",
+     {"pod__status__conditions": NOT_READY_11, "config__brokenMinutes": 65, "config__brokenAction": "stop",
+      "config__warnMinutes": 10}, "warn", "broken", "14-broken"),
+    ("GPU pod not Ready for less than brokenMinutes: the other rules decide",
+     {"pod__status__conditions": NOT_READY_11, "config__brokenMinutes": 120}, "stop", "idle", "10-idle"),
+    ("not Ready with brokenMinutes off", {"pod__status__conditions": NOT_READY_11}, "stop", "idle", "10-idle"),
+    ("crash-looping GPU pod", {"pod__status__containerStatuses": CRASH_LOOP, "config__brokenMinutes": 30,
+                               "config__brokenAction": "stop"}, "stop", "broken", "14-broken"),
+    ("a restarted container that runs again is not broken",
+     {"pod__status__containerStatuses": [{**CRASH_LOOP[0], "state": {"running": {"startedAt": "2026-11-29T11:00Z"}}}],
+      "config__brokenMinutes": 30}, "stop", "idle", "10-idle"),
+    ("a Pending GPU pod not Ready (holding its GPU) is broken",
+     {"pod__status": {"phase": "Pending", "conditions": NOT_READY_11}, "config__brokenMinutes": 30},
+     "warn", "broken", "14-broken"),
+    ("a CPU notebook is never broken",
+     {"pod__spec__containers": [{"name": "c", "resources": {}}], "pod__status__conditions": NOT_READY_11,
+      "notebook__spec__template__spec__containers": [{"name": "c", "resources": {}}], "observations__gpu": DELETE,
+      "config__brokenMinutes": 30}, "stop", "idle", "10-idle"),
 ]
 
 

@@ -353,7 +353,7 @@ nows = st.one_of(st.just(NOW), st.datetimes(min_value=datetime(1, 1, 3), max_val
 
 def _verdict_ok(v: Verdict) -> None:
     assert v.action in ("keep", "warn", "stop")
-    assert v.state in ("active", "connected", "idle", "no-signal", "starting", "exempt", "stopped")
+    assert v.state in ("active", "connected", "idle", "no-signal", "starting", "exempt", "stopped", "broken")
     assert v.action == "keep" or v.reason.strip()
     json.dumps(v.to_dict())  # what `kf-culler decide` prints
 
