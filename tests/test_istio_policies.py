@@ -256,6 +256,21 @@ def test_kept_where_notebooks_are_and_nowhere_else(api: Any, namespace: str, aut
 
 
 @pytest.mark.cluster
+def test_excluded_namespaces_are_left_alone(api: Any, namespace: str, authz_crd: None) -> None:
+    """Ours in a namespace the culler no longer looks at stays; ours in a looked-at one without notebooks goes.
+    (`owns` keeps this cluster-wide reconcile to the test's namespaces.)"""
+    kept, gone = namespaces(api, namespace, "excluded", "looked-at")
+    for ns in (kept, gone):
+        client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                                                     istio.policy(ns, PRINCIPAL))
+    settings = load_mapping({"istio": {"manageAuthorizationPolicies": True}, "namespaces": {"exclude": [kept]}}, "t")
+    keeper = PolicyKeeper.for_settings(settings, api)
+    result = keeper.reconcile(set(), owns=lambda ns: ns in (kept, gone))
+    assert (result.deleted, result.errors) == ([gone], [])
+    assert NAME in policies(api, kept) and policies(api, gone) == {}
+
+
+@pytest.mark.cluster
 @pytest.mark.parametrize("how", ["option off", "dry run"])
 def test_nothing_is_created_unless_asked(api: Any, namespace: str, authz_crd: None, how: str) -> None:
     settings = settings_for([namespace], manage=how != "option off")

@@ -157,7 +157,7 @@ class PolicyKeeper:
 
     def reconcile(self, wanted: set[str], owns: Callable[[str], bool] = lambda _ns: True) -> ReconcileResult:
         """Make kf-culler-probes exist (as ours, with our spec) exactly in `wanted`, touching only ours, and only
-        in namespaces `owns` accepts."""
+        in namespaces that `namespaces` selects and `owns` accepts."""
         from kubernetes.client.rest import ApiException
 
         self.reconciles += 1
@@ -169,7 +169,7 @@ class PolicyKeeper:
             return self._done(result)
         spec = policy_spec(self.settings.principal)
         for ns in sorted(wanted | set(existing)):
-            if not owns(ns):
+            if not (self.scope.selects(ns) and owns(ns)):  # outside the culler's namespaces: not its business
                 continue
             current = existing.get(ns)
             try:
