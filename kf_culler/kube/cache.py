@@ -39,8 +39,9 @@ def _dict(value: object) -> dict[str, Any]:
 
 def _slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
     """The parts of a pod the culler reads (identity and labels, containers' images and resources,
-    phase and start time). A notebook pod with its sidecars, env and volumes is many kilobytes of
-    JSON; 10,000 of them whole would be most of the culler's memory."""
+    phase and start time, the Ready condition and the containers' restarts and states). A notebook pod
+    with its sidecars, env and volumes is many kilobytes of JSON; 10,000 of them whole would be most of
+    the culler's memory."""
     meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
     containers = spec.get("containers")
     containers = containers if isinstance(containers, list) else []
@@ -50,8 +51,34 @@ def _slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
         "spec": {"containers": [{k: c[k] for k in ("name", "image", "resources") if k in c}
                                 for c in containers if isinstance(c, dict)],
                  **({"nodeName": spec["nodeName"]} if "nodeName" in spec else {})},
-        "status": {k: status[k] for k in ("phase", "startTime") if k in status},
+        "status": {**{k: status[k] for k in ("phase", "startTime") if k in status}, **_slim_health(status)},
     }
+
+
+def _pick(obj: object, keys: tuple[str, ...]) -> dict[str, Any]:
+    d = _dict(obj)
+    return {k: d[k] for k in keys if k in d}
+
+
+def _slim_health(status: dict[str, Any]) -> dict[str, Any]:
+    """What rule 14 (broken GPU notebooks) reads: the Ready condition and, per container, its restart
+    count, why it waits, and when it last ended (kf_culler.notebook.pod_trouble)."""
+    out: dict[str, Any] = {}
+    conditions = status.get("conditions")
+    ready = [_pick(c, ("type", "status", "lastTransitionTime")) for c in conditions
+             if _dict(c).get("type") == "Ready"] if isinstance(conditions, list) else []
+    if ready:
+        out["conditions"] = ready
+    statuses = status.get("containerStatuses")
+    if isinstance(statuses, list):
+        out["containerStatuses"] = [{
+            **_pick(cs, ("name", "restartCount")),
+            "state": {k: _pick(v, ("reason", "startedAt", "finishedAt", "exitCode"))
+                      for k, v in _dict(_dict(cs).get("state")).items() if k in ("waiting", "running", "terminated")},
+            "lastState": {k: _pick(v, ("reason", "finishedAt", "exitCode"))
+                          for k, v in _dict(_dict(cs).get("lastState")).items() if k == "terminated"},
+        } for cs in statuses if isinstance(cs, dict)]
+    return out
 
 
 def _key(obj: dict[str, Any]) -> Key:
