@@ -262,6 +262,9 @@ class Operations(_Model):
     dcgm: DcgmSettings = Field(default_factory=DcgmSettings)
     notifications: Notifications = Field(default_factory=Notifications)
     istio: IstioSettings = Field(default_factory=IstioSettings)
+    # Split the notebooks by namespace into this many shards, each held by one replica through its own
+    # Lease (`run --leader-elect`); 1: one Lease, one writer (docs/install.md, "Scaling out").
+    shards: int = Field(default=1, ge=1, le=256)
 
 
 class SelectorRequirement(_Model):

@@ -45,6 +45,8 @@ class Metrics:
                                      "and outcome (sent, failed, dropped, no-recipient)",
                                      ["channel", "kind", "outcome"], registry=r)
         self.leader = Gauge("kf_culler_leader", "1 while this replica holds the lease", registry=r)
+        self.shards_held = Gauge("kf_culler_shards_held", "With shards: 1 for each shard this replica holds "
+                                 "(probes and writes), 0 for the others", ["shard"], registry=r)
         self._accounted: dict[tuple[str, str], datetime] = {}
         self._started = time.time()
 
@@ -95,6 +97,10 @@ class Metrics:
         for key in list(self._accounted):
             if key not in seen:
                 del self._accounted[key]
+
+    def observe_shards(self, held: list[int], count: int) -> None:
+        for i in range(count):
+            self.shards_held.labels(str(i)).set(1 if i in held else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

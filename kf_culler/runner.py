@@ -66,6 +66,7 @@ class Runner:
     on_cycle: Callable[[CycleResult], None] | None = None
     on_result: Callable[[NotebookResult], None] | None = None
     may_write: Callable[[], bool] = lambda: True
+    owns: Callable[[str], bool] | None = None  # with shards: this replica holds the namespace's shard now
     on_observed: Any = None
     cache: ClusterCache | None = None
     tracer: Any = None
@@ -81,7 +82,7 @@ class Runner:
         gpu, rstudio = self._sources
         writer = None if (self.dry_run or self.settings.operations.dry_run) else Writer(self.api)
         cycle = Cycle(self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write,
-                      on_result=self.on_result, on_observed=self.on_observed)
+                      on_result=self.on_result, on_observed=self.on_observed, owns=self.owns)
         cycle.notifier = self.notifier if writer is not None else None
         if self.tracer is not None:
             cycle.tracer = self.tracer
