@@ -85,6 +85,18 @@ def _synced_runner(args: argparse.Namespace) -> Runner | int:
     return runner
 
 
+def _with_long_stopped(runner: Runner, fmt: str, text: str) -> str:
+    """`check`'s output with the notebooks stopped longer than longStoppedDays (after the table)."""
+    from datetime import UTC, datetime
+
+    from kf_culler.report import with_long_stopped
+    from kf_culler.stopped import long_stopped_in
+
+    notebooks = [nb for nb, _ in runner.cache.snapshot()] if runner.cache is not None else []
+    found = long_stopped_in(runner.settings, notebooks, datetime.now(UTC))
+    return with_long_stopped(text, fmt, found, runner.settings.operations.long_stopped_days)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from kf_culler.report import render
 
@@ -92,7 +104,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if isinstance(runner, int):
         return runner
     try:
-        print(render(runner.once(), args.output))
+        print(_with_long_stopped(runner, args.output, render(runner.once(), args.output)))
     finally:
         runner.close()
     return 0

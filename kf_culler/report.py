@@ -8,6 +8,8 @@ from typing import Any
 import yaml
 
 from kf_culler.cycle import CycleResult, NotebookResult
+from kf_culler.stopped import LongStopped
+from kf_culler.timeutil import format_time
 
 TYPE_NAMES = {"jupyter": "jupyter", "group-one": "code-server", "group-two": "rstudio"}
 
@@ -90,3 +92,23 @@ def explain(r: NotebookResult, notifications: str | None = None) -> str:
         out.append(f"Would write: annotations {json.dumps(r.plan.annotations)}"
                    + (f"; Event {r.plan.event.reason}" if r.plan.event else ""))
     return "\n".join(out)
+
+
+
+def with_long_stopped(text: str, fmt: str, found: list[LongStopped], days: float) -> str:
+    """`check`'s output with the long-stopped notebooks: a section after the table, `longStopped` in JSON/YAML."""
+    if fmt in ("json", "yaml"):
+        doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+        doc["longStopped"] = {"days": days, "notebooks": [s.to_dict() for s in found]}
+        return json.dumps(doc, indent=2) if fmt == "json" else yaml.safe_dump(doc, sort_keys=False)
+    if not found:
+        return text
+    lines = [["NAMESPACE", "NAME", "GPUS", "STOPPED", "DAYS", "VOLUMES (kept)"]]
+    for s in found:
+        lines.append([s.namespace, s.name, str(s.gpus), format_time(s.stopped_at), f"{s.days:.0f}",
+                      ", ".join(s.volumes) or "-"])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]) - 1)]
+    section = "\n".join("   ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "   " + row[-1]
+                        for row in lines)
+    return (f"{text}\n\nStopped for more than {days:g} days ({len(found)}; the culler deletes nothing: starting "
+            f"one takes its GPUs again, deleting it is an admin's decision):\n{section}")

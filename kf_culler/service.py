@@ -14,6 +14,7 @@ from kf_culler.kube.lease import LeaderElector, ShardManager
 from kf_culler.kube.tokens import TokenReviewer
 from kf_culler.metrics import HealthServer, Metrics
 from kf_culler.runner import Runner
+from kf_culler.stopped import long_stopped_in
 from kf_culler.telemetry import setup_logging, setup_tracing
 from kf_culler.verdict_api import VerdictApi
 from kf_culler.verdicts import VerdictStore
@@ -64,6 +65,7 @@ def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None =
             if owns is not None:  # with shards, each replica accounts for its own shards' notebooks
                 items = [(nb, pod) for nb, pod in items if owns(str((nb.get("metadata") or {}).get("namespace")))]
             metrics.account_reclaimed(items, result.now, gpu_resources)
+            metrics.observe_long_stopped(long_stopped_in(runner.settings, (nb for nb, _ in items), result.now))
         log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)
 
     runner.on_result, runner.on_cycle = on_result, on_cycle
