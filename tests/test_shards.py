@@ -63,6 +63,30 @@ def test_fair_share() -> None:
     assert fair_share(4, 0) == (4, 4)
 
 
+def test_shipped_one_shard_two_replicas_and_the_shards_component(tmp_path: Path) -> None:
+    from support.kustomize import render
+
+    root = Path(__file__).resolve().parents[1]
+    base = yaml.safe_load((root / "kustomize/base/config.yaml").read_text())
+    assert base.get("shards", 1) == 1
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(root / "kustomize/overlays/kubeflow", overlay)],
+        "components": [os.path.relpath(root / "kustomize/components/shards", overlay)]}))
+    objs = render(overlay)
+    deployment = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "kf-culler")
+    assert deployment["spec"]["replicas"] == 2
+    role = next(o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "kf-culler-shards")
+    binding = next(o for o in objs if o["kind"] == "RoleBinding" and o["metadata"]["name"] == "kf-culler-shards")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "kubeflow"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kf-culler", "namespace": "kubeflow"}]
+    [rule] = role["rules"]
+    assert set(rule["verbs"]) == {"get", "update"} and rule["resources"] == ["leases"]
+    assert set(rule["resourceNames"]) == {f"kf-culler-{kind}-{i}" for kind in ("shard", "member") for i in range(8)}
+
+
 # -- on the API server ---------------------------------------------------------------------------------
 
 
