@@ -114,9 +114,9 @@ class PolicyKeeper:
     def __init__(self, api_client: Any, settings: IstioSettings, scope: Namespaces, enabled: bool = True) -> None:
         from kubernetes import client
 
-        self.custom: Any = client.CustomObjectsApi(api_client)
         self.settings, self.scope = settings, scope
         self.enabled = enabled and settings.manage_authorization_policies
+        self.custom: Any = client.CustomObjectsApi(api_client) if self.enabled else None
         self.passes = 0
         self.reconciles = 0
         self.last: ReconcileResult | None = None
