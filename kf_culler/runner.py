@@ -119,7 +119,7 @@ class Runner:
                 cache.record_notebook(r.write.notebook)
         if self.policies is None:
             self.policies = PolicyKeeper.for_settings(self.settings, self.api, self.dry_run)
-        self.policies.after_pass(snapshot, self.may_write, getattr(self, "owns", None) or (lambda _ns: True))
+        self.policies.after_pass(snapshot, self.may_write, self.owns or (lambda _ns: True))
         self.cycles += 1
         self.last_cycle_end = time.monotonic()
         if self.on_cycle is not None:
