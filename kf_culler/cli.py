@@ -103,8 +103,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     runner = _synced_runner(args)
     if isinstance(runner, int):
         return runner
+    warning = runner.settings.gpu_source_warning()
     try:
-        print(_with_long_stopped(runner, args.output, render(runner.once(), args.output)))
+        print(_with_long_stopped(runner, args.output, render(runner.once(), args.output, [warning] if warning else [])))
     finally:
         runner.close()
     return 0

@@ -21,10 +21,9 @@ from kf_culler.model import (
     STOPPED_BY_ANNOTATION,
     STOPPED_BY_VALUE,
 )
-from kf_culler.stopped import LongStopped
 from kf_culler.timeutil import parse_time
 
-STATES = ("active", "connected", "idle", "no-signal", "starting", "exempt", "stopped", "broken")
+STATES = ("active", "connected", "idle", "no-signal", "starting", "exempt", "stopped")
 
 
 class Metrics:
@@ -46,10 +45,6 @@ class Metrics:
                                      "and outcome (sent, failed, dropped, no-recipient)",
                                      ["channel", "kind", "outcome"], registry=r)
         self.leader = Gauge("kf_culler_leader", "1 while this replica holds the lease", registry=r)
-        self.long_stopped = Gauge("kf_culler_long_stopped_notebooks", "Notebooks stopped longer than "
-                                  "longStoppedDays, by whether they request a GPU", ["gpu"], registry=r)
-        self.shards_held = Gauge("kf_culler_shards_held", "With shards: 1 for each shard this replica holds "
-                                 "(probes and writes), 0 for the others", ["shard"], registry=r)
         self._accounted: dict[tuple[str, str], datetime] = {}
         self._started = time.time()
 
@@ -78,11 +73,6 @@ class Metrics:
         for state, n in counts.items():
             self.notebooks.labels(state).set(n)
 
-    def observe_long_stopped(self, found: list[LongStopped]) -> None:
-        gpu = sum(1 for s in found if s.gpus > 0)
-        self.long_stopped.labels("true").set(gpu)
-        self.long_stopped.labels("false").set(len(found) - gpu)
-
     def account_reclaimed(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime,
                           gpu_resources: tuple[str, ...]) -> None:
         """Add GPUs x elapsed time for every notebook this culler stopped and nobody restarted yet."""
@@ -105,10 +95,6 @@ class Metrics:
         for key in list(self._accounted):
             if key not in seen:
                 del self._accounted[key]
-
-    def observe_shards(self, held: list[int], count: int) -> None:
-        for i in range(count):
-            self.shards_held.labels(str(i)).set(1 if i in held else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -159,7 +145,7 @@ class HealthServer:
                     self._send(200, b"ok\n")
                 elif path == "/readyz":
                     ok, why = outer.ready()
-                    self._send(200 if ok else 503, (why + "\n").encode())
+                    self._send(200 if ok else 503, "".join(line + "\n" for line in (why, *outer.notes)).encode())
                 else:
                     self._send(404, b"not found\n")
 
@@ -180,6 +166,7 @@ class HealthServer:
         self.metrics = metrics
         self.ready = ready
         self.api = api
+        self.notes: list[str] = []  # lines /readyz adds to its answer (e.g. "warning: no GPU metrics source ...")
         self.server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="health", daemon=True)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
+from typing import Any
 
 from kf_culler.config import DEFAULT_RULE, OVERRIDE_RULE_PREFIX, LabelSelector, Policy, RuleMatch, Settings
-from kf_culler.notebook import NotebookView
+from kf_culler.notebook import NotebookView, metadata_of
 
 
 def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
@@ -60,3 +61,14 @@ def select(view: NotebookView, namespace_labels: Mapping[str, str] | None, setti
         if rule_matches(rule.match, view, namespace_labels):
             return rule.policy, rule.name
     return settings.policy, DEFAULT_RULE
+
+
+def select_for(notebook: dict[str, Any], pod: dict[str, Any] | None, namespace_labels: Mapping[str, str] | None,
+               settings: Settings) -> tuple[Policy, str]:
+    """`select` from the API objects; raises InputError when they are not a notebook and a pod at all."""
+    if not settings.rules:  # no rule: the namespace decides, and nothing else needs reading
+        ns = metadata_of(notebook).get("namespace")
+        if isinstance(ns, str) and ns in settings.overrides:
+            return settings.overrides[ns], OVERRIDE_RULE_PREFIX + ns
+        return settings.policy, DEFAULT_RULE
+    return select(NotebookView.of(notebook, pod, settings.policy), namespace_labels, settings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -37,12 +38,15 @@ def rows(result: CycleResult) -> list[dict[str, Any]]:
 
 
 def table(result: CycleResult, wide: bool = False) -> str:
-    header = ["NAMESPACE", "NAME", "TYPE", "GPUS", "STATE", "IDLE", "ACTION", "REASON"]
+    """One line per notebook; `wide` adds the POLICY column (what chose its policy) and whole reasons."""
+    header = ["NAMESPACE", "NAME", "TYPE", "GPUS", "STATE", "IDLE", "ACTION", *(["POLICY"] if wide else []),
+              "REASON"]
     lines = [header]
     for r in result.results:
         reason = r.verdict.reason if wide else _shorten(r.verdict.reason, 90)
+        policy = [r.verdict.policy_rule or "-"] if wide else []
         lines.append([r.namespace, r.name, TYPE_NAMES.get(r.server_type, r.server_type), str(r.gpus),
-                      r.verdict.state, _idle(r), r.verdict.action, reason])
+                      r.verdict.state, _idle(r), r.verdict.action, *policy, reason])
     widths = [max(len(row[i]) for row in lines) for i in range(len(header) - 1)]
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "   " + row[-1]
                      for row in lines)
@@ -52,12 +56,13 @@ def _shorten(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def render(result: CycleResult, fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps({"now": result.now.isoformat(), "notebooks": rows(result)}, indent=2)
-    if fmt == "yaml":
-        return yaml.safe_dump({"now": result.now.isoformat(), "notebooks": rows(result)}, sort_keys=False)
-    return table(result, wide=fmt == "wide")
+def render(result: CycleResult, fmt: str, warnings: Sequence[str] = ()) -> str:
+    """`warnings` (e.g. no GPU metrics source): `# warning: ...` lines above the table, `warnings` in JSON/YAML."""
+    if fmt in ("json", "yaml"):
+        doc: dict[str, Any] = {"now": result.now.isoformat(), **({"warnings": list(warnings)} if warnings else {}),
+                               "notebooks": rows(result)}
+        return json.dumps(doc, indent=2) if fmt == "json" else yaml.safe_dump(doc, sort_keys=False)
+    return "".join(f"# warning: {w}\n" for w in warnings) + table(result, wide=fmt == "wide")
 
 
 def explain(r: NotebookResult, notifications: str | None = None) -> str:
@@ -65,6 +70,8 @@ def explain(r: NotebookResult, notifications: str | None = None) -> str:
     out = [f"Notebook {r.namespace}/{r.name}  (server type {r.server_type}, {r.gpus} GPU(s))", ""]
     out.append(f"Verdict: {v.action} / {v.state}   (rule {v.rule})")
     out.append(f"Reason:  {v.reason}")
+    if v.policy_rule is not None:
+        out.append(f"Policy: rule {v.policy_rule}")
     d = v.to_dict()
     for label, key in (("Idle since", "idleSince"), ("Warn at", "warnAt"), ("Stop at", "stopAt")):
         if d.get(key):

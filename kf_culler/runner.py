@@ -13,7 +13,6 @@ from typing import Any
 from kf_culler.config import Settings
 from kf_culler.cycle import Cycle, CycleResult, NotebookResult
 from kf_culler.kube.cache import ClusterCache
-from kf_culler.kube.istio import PolicyKeeper
 from kf_culler.kube.writer import Writer
 from kf_culler.sources.bulk import BulkSource
 
@@ -27,7 +26,7 @@ def gpu_window_minutes(settings: Settings) -> float:
     stopped although its GPU worked inside the idle window.
     """
     longest = 0.0
-    for policy in (settings.policy, *settings.overrides.values()):
+    for policy in settings.policies():
         limits = [policy.idle_minutes, policy.connected_gpu_idle_minutes or 0,
                   policy.busy_kernel_gpu_idle_minutes or 0]
         longest = max(longest, *limits)
@@ -66,13 +65,12 @@ class Runner:
     on_cycle: Callable[[CycleResult], None] | None = None
     on_result: Callable[[NotebookResult], None] | None = None
     may_write: Callable[[], bool] = lambda: True
-    owns: Callable[[str], bool] | None = None  # with shards: this replica holds the namespace's shard now
     on_observed: Any = None
     cache: ClusterCache | None = None
     tracer: Any = None
     notifier: Any = None  # kf_culler.notify.notifier.Notifier (notices of warnings and stops), or None
     _sources: tuple[BulkSource | None, BulkSource | None] | None = None
-    policies: PolicyKeeper | None = None  # kf-culler-probes per namespace (istio.manageAuthorizationPolicies)
+    namespace_labels: Any = None  # kf_culler.kube.namespaces.NamespaceLabels, made when rules need it
     last_cycle_end: float = 0.0
     cycles: int = 0
 
@@ -82,8 +80,14 @@ class Runner:
         gpu, rstudio = self._sources
         writer = None if (self.dry_run or self.settings.operations.dry_run) else Writer(self.api)
         cycle = Cycle(self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write,
-                      on_result=self.on_result, on_observed=self.on_observed, owns=self.owns)
+                      on_result=self.on_result, on_observed=self.on_observed)
         cycle.notifier = self.notifier if writer is not None else None
+        if self.settings.needs_namespace_labels:
+            if self.namespace_labels is None:
+                from kf_culler.kube.namespaces import NamespaceLabels
+
+                self.namespace_labels = NamespaceLabels(self.api)
+            cycle.namespace_labels = self.namespace_labels
         if self.tracer is not None:
             cycle.tracer = self.tracer
         return cycle
@@ -112,14 +116,10 @@ class Runner:
     def once(self) -> CycleResult:
         cache = self.cache or self.start_cache()
         cycle = self.build_cycle()
-        snapshot = cache.snapshot()
-        result = cycle.run(snapshot)
+        result = cycle.run(cache.snapshot())
         for r in result.results:
             if r.write is not None and r.write.notebook is not None:
                 cache.record_notebook(r.write.notebook)
-        if self.policies is None:
-            self.policies = PolicyKeeper.for_settings(self.settings, self.api, self.dry_run)
-        self.policies.after_pass(snapshot, self.may_write, self.owns or (lambda _ns: True))
         self.cycles += 1
         self.last_cycle_end = time.monotonic()
         if self.on_cycle is not None:
