@@ -15,10 +15,11 @@ from typing import Any
 from opentelemetry import trace
 
 from kf_culler.config import DEFAULT_RULE, Policy, Settings
-from kf_culler.decide import decide, gpu_count, server_type
+from kf_culler.decide import decide_view, gpu_count
 from kf_culler.gather import Gathered, Request, gather
 from kf_culler.kube.writer import Writer, WriteResult
 from kf_culler.model import SERVER_SOURCES, InputError, Verdict
+from kf_culler.notebook import NotebookView
 from kf_culler.plan import Plan, plan
 from kf_culler.policy import select_for
 from kf_culler.sources.bulk import BulkSource
@@ -66,6 +67,9 @@ class Cycle:
     clock: Clock = utcnow
     stop_flag: threading.Event = field(default_factory=threading.Event)
     may_write: Callable[[], bool] = lambda: True
+    # With shards: whether this replica holds the shard of a namespace now. Notebooks of other shards are
+    # neither probed nor written; a shard lost during the pass stops its writes (checked before each).
+    owns: Callable[[str], bool] | None = None
     on_result: Callable[[NotebookResult], None] | None = None
     on_observed: Callable[[datetime, dict[str, Any], dict[str, Any] | None, dict[str, Any]], None] | None = None
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("kf_culler"))
@@ -94,6 +98,10 @@ class Cycle:
         ns = str(meta.get("namespace", ""))
         if not self.settings.operations.namespaces.selects(ns):
             return False
+        if self.owns is not None and not self.owns(ns):
+            return False
+        if self.owns is not None and not self.owns(ns):
+            return False
         if self.settings.operations.gpu_only:
             return gpu_count(notebook, pod, self.settings.policy_for(ns).gpu_resources) > 0
         return True
@@ -106,14 +114,17 @@ class Cycle:
             chosen = [(nb, pod) for nb, pod in items if self.selected(nb, pod)]
             span.set_attribute("kf_culler.notebooks", len(chosen))
             pre: dict[tuple[str, str], Verdict] = {}
+            views: dict[tuple[str, str], NotebookView] = {}
             requests: list[Request] = []
             for nb, pod in chosen:
                 meta = nb.get("metadata") or {}
                 key = (str(meta.get("namespace")), str(meta.get("name")))
                 policy, _ = self.choose(nb, pod)
                 try:
-                    verdict = decide(nb, pod, {}, policy, started)
-                except InputError:
+                    view = views[key] = NotebookView.of(nb, pod, policy)  # unwrapped once per pass
+                    verdict = decide_view(view, {}, policy, started)
+                except InputError as err:
+                    log.warning("skipping %s/%s: %s", *key, err)
                     continue
                 except Exception:  # a bug must cost this notebook, not the sweep
                     log.exception("skipping %s/%s: deciding it failed", *key)
@@ -122,8 +133,8 @@ class Cycle:
                     pre[key] = verdict
                     continue
                 pod_name = ((pod or {}).get("metadata") or {}).get("name")
-                requests.append(Request(key[0], key[1], pod_name, SERVER_SOURCES.get(server_type(nb, policy)),
-                                        gpu_count(nb, pod, policy.gpu_resources) > 0))
+                requests.append(Request(key[0], key[1], pod_name, SERVER_SOURCES.get(view.server_type),
+                                        view.gpus > 0))
             with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
                 gathered = asyncio.run(gather(requests, self.settings.operations, started, self.gpu,
                                               self.rstudio)) if requests else Gathered()
@@ -132,12 +143,16 @@ class Cycle:
             now = self.clock()
             results: list[NotebookResult] = []
             interrupted = False
-            for nb, pod in chosen:
+            for nb, _pod in chosen:
                 if self.stop_flag.is_set():
                     interrupted = True
                     break
+                meta = nb.get("metadata") or {}
+                found = views.get((str(meta.get("namespace")), str(meta.get("name"))))
+                if found is None:  # not a notebook at all (logged when it was read)
+                    continue
                 try:
-                    result = self._one(nb, pod, pre, gathered, now)
+                    result = self._one(nb, found, pre, gathered, now)
                 except Exception:  # isolate per notebook: one failure never stops the sweep
                     where: dict[str, Any] = nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}
                     log.exception("skipping %s/%s: its pass failed", where.get("namespace"), where.get("name"))
@@ -149,12 +164,11 @@ class Cycle:
             span.set_attribute("kf_culler.interrupted", interrupted)
         return CycleResult(started, now, time.monotonic() - t0, results, gathered.bulk_queries, interrupted)
 
-    def _one(self, nb: dict[str, Any], pod: dict[str, Any] | None, pre: dict[tuple[str, str], Verdict],
+    def _one(self, nb: dict[str, Any], view: NotebookView, pre: dict[tuple[str, str], Verdict],
              gathered: Gathered, now: datetime) -> NotebookResult | None:
-        meta = nb.get("metadata") or {}
-        ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        ns, name, pod = str(view.namespace), str(view.name), view.pod
         policy, policy_rule = self._policies.get((ns, name)) or self.choose(nb, pod)
-        stype = server_type(nb, policy)
+        stype = view.server_type
         with self.tracer.start_as_current_span("kf_culler.notebook") as span:
             span.set_attributes({"k8s.namespace.name": ns, "kf_culler.notebook": name,
                                  "kf_culler.server_type": stype})
@@ -166,7 +180,7 @@ class Cycle:
             if self.on_observed is not None and (ns, name) not in pre:
                 self.on_observed(now, nb, pod, observations)
             try:
-                verdict = pre.get((ns, name)) or decide(nb, pod, observations, policy, now)
+                verdict = pre.get((ns, name)) or decide_view(view, observations, policy, now)
             except InputError as err:
                 span.set_attribute("kf_culler.error", str(err))
                 log.warning("skipping %s/%s: %s", ns, name, err)
@@ -177,18 +191,23 @@ class Cycle:
             span.set_attributes({
                 "kf_culler.action": verdict.action, "kf_culler.state": verdict.state,
                 "kf_culler.rule": verdict.rule, "kf_culler.reason": verdict.reason,
-                "kf_culler.idle_seconds": verdict.idle_seconds or 0.0, "kf_culler.gpus": gpu_count(
-                    nb, pod, policy.gpu_resources)})
-            result = NotebookResult(ns, name, stype, gpu_count(nb, pod, policy.gpu_resources), verdict,
-                                    observations, calls, trace_id=trace_id)
+                "kf_culler.idle_seconds": verdict.idle_seconds or 0.0, "kf_culler.gpus": view.gpus})
+            result = NotebookResult(ns, name, stype, view.gpus, verdict, observations, calls, trace_id=trace_id)
             step = self.settings.operations.last_activity_step_minutes
-            result.plan = plan(nb, verdict, now, step, trace_id)
+            result.plan = plan(view, verdict, now, step, trace_id)
             if self.writer is not None and not self.settings.operations.dry_run and not result.plan.empty:
                 with self.tracer.start_as_current_span("kf_culler.apply") as aspan:
                     def replan(fresh: dict[str, Any]) -> Plan:
-                        return plan(fresh, decide(fresh, pod, observations, policy, now), now, step, trace_id)
+                        fresh_view = NotebookView.of(fresh, pod, policy)
+                        return plan(fresh_view, decide_view(fresh_view, observations, policy, now), now, step,
+                                    trace_id)
 
-                    result.write = self.writer.apply(nb, result.plan, replan, now, self.may_write)
+                    owns, may_write = self.owns, self.may_write
+
+                    def allowed() -> bool:
+                        return may_write() and (owns is None or owns(ns))
+
+                    result.write = self.writer.apply(nb, result.plan, replan, now, allowed)
                     aspan.set_attributes({"kf_culler.write": result.write.outcome,
                                           "kf_culler.conflicts": result.write.conflicts,
                                           "kf_culler.event": result.write.event or "none"})

@@ -21,9 +21,10 @@ from kf_culler.model import (
     STOPPED_BY_ANNOTATION,
     STOPPED_BY_VALUE,
 )
+from kf_culler.stopped import LongStopped
 from kf_culler.timeutil import parse_time
 
-STATES = ("active", "connected", "idle", "no-signal", "starting", "exempt", "stopped")
+STATES = ("active", "connected", "idle", "no-signal", "starting", "exempt", "stopped", "broken")
 
 
 class Metrics:
@@ -45,6 +46,10 @@ class Metrics:
                                      "and outcome (sent, failed, dropped, no-recipient)",
                                      ["channel", "kind", "outcome"], registry=r)
         self.leader = Gauge("kf_culler_leader", "1 while this replica holds the lease", registry=r)
+        self.long_stopped = Gauge("kf_culler_long_stopped_notebooks", "Notebooks stopped longer than "
+                                  "longStoppedDays, by whether they request a GPU", ["gpu"], registry=r)
+        self.shards_held = Gauge("kf_culler_shards_held", "With shards: 1 for each shard this replica holds "
+                                 "(probes and writes), 0 for the others", ["shard"], registry=r)
         self._accounted: dict[tuple[str, str], datetime] = {}
         self._started = time.time()
 
@@ -73,6 +78,11 @@ class Metrics:
         for state, n in counts.items():
             self.notebooks.labels(state).set(n)
 
+    def observe_long_stopped(self, found: list[LongStopped]) -> None:
+        gpu = sum(1 for s in found if s.gpus > 0)
+        self.long_stopped.labels("true").set(gpu)
+        self.long_stopped.labels("false").set(len(found) - gpu)
+
     def account_reclaimed(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime,
                           gpu_resources: tuple[str, ...]) -> None:
         """Add GPUs x elapsed time for every notebook this culler stopped and nobody restarted yet."""
@@ -95,6 +105,10 @@ class Metrics:
         for key in list(self._accounted):
             if key not in seen:
                 del self._accounted[key]
+
+    def observe_shards(self, held: list[int], count: int) -> None:
+        for i in range(count):
+            self.shards_held.labels(str(i)).set(1 if i in held else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,6 +13,7 @@ from typing import Any
 from kf_culler.config import Settings
 from kf_culler.cycle import Cycle, CycleResult, NotebookResult
 from kf_culler.kube.cache import ClusterCache
+from kf_culler.kube.istio import PolicyKeeper
 from kf_culler.kube.writer import Writer
 from kf_culler.sources.bulk import BulkSource
 
@@ -65,12 +66,14 @@ class Runner:
     on_cycle: Callable[[CycleResult], None] | None = None
     on_result: Callable[[NotebookResult], None] | None = None
     may_write: Callable[[], bool] = lambda: True
+    owns: Callable[[str], bool] | None = None  # with shards: this replica holds the namespace's shard now
     on_observed: Any = None
     cache: ClusterCache | None = None
     tracer: Any = None
     notifier: Any = None  # kf_culler.notify.notifier.Notifier (notices of warnings and stops), or None
     _sources: tuple[BulkSource | None, BulkSource | None] | None = None
     namespace_labels: Any = None  # kf_culler.kube.namespaces.NamespaceLabels, made when rules need it
+    policies: PolicyKeeper | None = None  # kf-culler-probes per namespace (istio.manageAuthorizationPolicies)
     last_cycle_end: float = 0.0
     cycles: int = 0
 
@@ -80,7 +83,7 @@ class Runner:
         gpu, rstudio = self._sources
         writer = None if (self.dry_run or self.settings.operations.dry_run) else Writer(self.api)
         cycle = Cycle(self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write,
-                      on_result=self.on_result, on_observed=self.on_observed)
+                      on_result=self.on_result, on_observed=self.on_observed, owns=self.owns)
         cycle.notifier = self.notifier if writer is not None else None
         if self.settings.needs_namespace_labels:
             if self.namespace_labels is None:
@@ -116,10 +119,14 @@ class Runner:
     def once(self) -> CycleResult:
         cache = self.cache or self.start_cache()
         cycle = self.build_cycle()
-        result = cycle.run(cache.snapshot())
+        snapshot = cache.snapshot()
+        result = cycle.run(snapshot)
         for r in result.results:
             if r.write is not None and r.write.notebook is not None:
                 cache.record_notebook(r.write.notebook)
+        if self.policies is None:
+            self.policies = PolicyKeeper.for_settings(self.settings, self.api, self.dry_run)
+        self.policies.after_pass(snapshot, self.may_write, self.owns or (lambda _ns: True))
         self.cycles += 1
         self.last_cycle_end = time.monotonic()
         if self.on_cycle is not None:

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kf_culler.cycle import CycleResult, NotebookResult
-from kf_culler.kube.lease import LeaderElector
+from kf_culler.kube.lease import LeaderElector, ShardManager
 from kf_culler.kube.tokens import TokenReviewer
 from kf_culler.metrics import HealthServer, Metrics
 from kf_culler.runner import Runner
+from kf_culler.stopped import long_stopped_in
 from kf_culler.telemetry import setup_logging, setup_tracing
 from kf_culler.verdict_api import VerdictApi
 from kf_culler.verdicts import VerdictStore
@@ -59,20 +60,30 @@ def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None =
             metrics.leader.set(1 if elector.is_leader() else 0)
         if runner.cache is not None:
             gpu_resources = runner.settings.policy.gpu_resources
-            metrics.account_reclaimed(runner.cache.snapshot(), result.now, gpu_resources)
+            items = runner.cache.snapshot()
+            owns = runner.owns
+            if owns is not None:  # with shards, each replica accounts for its own shards' notebooks
+                items = [(nb, pod) for nb, pod in items if owns(str((nb.get("metadata") or {}).get("namespace")))]
+            metrics.account_reclaimed(items, result.now, gpu_resources)
+            metrics.observe_long_stopped(long_stopped_in(runner.settings, (nb for nb, _ in items), result.now))
         log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)
 
     runner.on_result, runner.on_cycle = on_result, on_cycle
 
 
-def readiness(runner: Runner) -> tuple[bool, str]:
-    """Ready once the caches are synced, and while passes keep completing."""
+def readiness(runner: Runner, shards: ShardManager | None = None) -> tuple[bool, str]:
+    """Ready once the caches are synced, and while passes keep completing. With shards, the answer also
+    says which shards this replica holds (one holding none is a ready standby: its caches are warm)."""
     period = runner.settings.operations.check_period_seconds
+    detail = ""
+    if shards is not None:
+        held = ",".join(str(i) for i in shards.held()) or "none"
+        detail = f"; shards held: {held} of {shards.count} ({shards.live_replicas} live replicas)"
     if runner.cache is None or not runner.cache.synced:
-        return False, "notebook cache not synced"
+        return False, "notebook cache not synced" + detail
     if runner.cycles and time.monotonic() - runner.last_cycle_end > 3 * period + 60:
-        return False, "no pass completed recently"
-    return True, "ready"
+        return False, "no pass completed recently" + detail
+    return True, "ready" + detail
 
 
 def serve(runner: Runner, opts: Options) -> int:
@@ -83,6 +94,7 @@ def serve(runner: Runner, opts: Options) -> int:
     provider = setup_tracing()
     metrics = Metrics()
     elector: LeaderElector | None = None
+    shards: ShardManager | None = None
     recorder: Any = None
     if opts.record:
         from kf_culler.replay.recorder import TraceRecorder
@@ -94,8 +106,24 @@ def serve(runner: Runner, opts: Options) -> int:
         namespace = opts.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
         identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
         elector = LeaderElector(runner.api, namespace, opts.lease_name, identity)
-        runner.may_write = elector.is_leader
+        count = runner.settings.operations.shards
+        if count > 1:
+            # Each shard's Lease decides who probes and writes its notebooks. The Lease kf-culler is still
+            # held by one replica: the keep-until admission policy reads its renewTime as a clock.
+            def shards_changed(held: list[int]) -> None:
+                metrics.observe_shards(held, count)
+
+            shards = ShardManager(runner.api, namespace, opts.lease_name, identity, count,
+                                  on_change=shards_changed)
+            metrics.observe_shards([], count)
+            runner.owns = shards.owns
+            shards.start()
+        else:
+            runner.may_write = elector.is_leader
         elector.start()
+    elif runner.settings.operations.shards > 1:
+        log.warning("shards: %d needs --leader-elect; without it this process probes and writes every shard",
+                    runner.settings.operations.shards)
 
     store = VerdictStore() if opts.metrics_address else None
     instrument(runner, metrics, elector, store)
@@ -106,7 +134,7 @@ def serve(runner: Runner, opts: Options) -> int:
     server = None
     if opts.metrics_address and store is not None:
         api = VerdictApi(store, TokenReviewer(runner.api))
-        server = HealthServer(opts.metrics_address, metrics, lambda: readiness(runner), api)
+        server = HealthServer(opts.metrics_address, metrics, lambda: readiness(runner, shards), api)
         server.notes = [f"warning: {gpu_warning}"] if gpu_warning else []
         server.start()
         log.info("serving /metrics, /healthz, /readyz and /api/v1/ on %s", opts.metrics_address)
@@ -114,6 +142,8 @@ def serve(runner: Runner, opts: Options) -> int:
         runner.start_cache()
         runner.loop(max_cycles=1 if opts.once else None)
     finally:
+        if shards is not None:
+            shards.stop()
         if elector is not None:
             elector.stop()
         if server is not None:
