@@ -26,7 +26,7 @@ from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
 
 log = logging.getLogger("kf_culler.cycle")
-NO_PROBE_STATES = ("stopped", "exempt", "starting")
+NO_PROBE_STATES = ("stopped", "exempt", "starting", "broken")  # broken: rule 14 needs no probe
 Clock = Callable[[], datetime]
 
 
