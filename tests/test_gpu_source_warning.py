@@ -61,3 +61,16 @@ def test_readyz_carries_the_warning() -> None:
         assert err.value.code == 503 and err.value.read().decode().endswith(f"warning: {KEEP}\n")
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("overlay", ["kubeflow", "gpu-only", "dry-run"])
+def test_shipped_config_states_the_choice_with_a_comment(overlay: str) -> None:
+    from test_kustomize import config_text, render
+
+    lines = config_text(render(f"overlays/{overlay}")).splitlines()
+    i = lines.index("gpuWithoutMetrics: keep")
+    comment = []
+    while lines[i - 1].startswith("#"):
+        i -= 1
+        comment.insert(0, lines[i])
+    assert any("NEVER stopped for idleness" in c for c in comment) and any("ide-only" in c for c in comment)

@@ -281,7 +281,7 @@ CLUSTER_GRANTS = {
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("kubeflow.org", "profiles"): {"get", "list"},  # the notice's recipient (notifications.email)
-    ("", "namespaces"): {"get"},  # an admin's notebook-culler.io/notify-email on the namespace
+    ("", "namespaces"): {"get"},  # notify-email on the namespace; its labels for policy rules
     ("authentication.k8s.io", "tokenreviews"): {"create"},  # the verdict API's caller check
 }
 
@@ -317,6 +317,7 @@ def test_dry_run_cluster_role_cannot_write() -> None:
     g = grants(one(render("overlays/dry-run"), "ClusterRole", NAME))
     read = {"get", "list", "watch"}
     assert g == {("kubeflow.org", "notebooks"): read, ("", "pods"): read,
+                 ("", "namespaces"): {"get"},  # namespace labels for policy rules
                  ("authentication.k8s.io", "tokenreviews"): {"create"}}  # answered, never stored
 
 
