@@ -116,9 +116,8 @@ def test_lifetime_cap_warns_then_stops_an_active_notebook(api: Any, namespace: s
     ann = obj.get_notebook(api, namespace, "nb-busy")["metadata"]["annotations"]
     assert ann[STOP_ANNOTATION] == format_time(now[0]) and ann[STATE_ANNOTATION] == "active"
     assert "lifetime cap" in ann[REASON_ANNOTATION] and "2 h 1 min" in ann[REASON_ANNOTATION]
-    events = obj.events_for(api, namespace, "nb-busy")
-    assert [e.reason for e in events] == [EVENT_WARN, EVENT_STOP]
-    assert "lifetime cap" in events[1].message
+    events = {e.reason: e for e in obj.events_for(api, namespace, "nb-busy")}  # same second: no order to check
+    assert set(events) == {EVENT_WARN, EVENT_STOP} and "lifetime cap" in events[EVENT_STOP].message
 
 
 @pytest.mark.cluster
@@ -154,7 +153,8 @@ def test_gpu_pod_running_but_not_ready_is_broken_reported_then_stopped(api: Any,
     assert (stopped.action, stopped.state, stopped.rule) == ("stop", "broken", "14-broken"), stopped.reason
     ann = obj.get_notebook(api, namespace, "nb-gpu")["metadata"]["annotations"]
     assert STOP_ANNOTATION in ann and ann[STATE_ANNOTATION] == "broken"
-    assert [e.reason for e in obj.events_for(api, namespace, "nb-gpu")] == [EVENT_WARN, EVENT_STOP]
+    # Events carry second-resolution times: two in the same second have no order to check
+    assert sorted(e.reason for e in obj.events_for(api, namespace, "nb-gpu")) == sorted([EVENT_WARN, EVENT_STOP])
 
 
 @pytest.mark.cluster
