@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from kf_culler.errors import ConfigError as ConfigError
+
 TEN_YEARS_MIN = 10 * 366 * 24 * 60
 ServerType = Literal["jupyter", "group-one", "group-two"]
 # What a GPU notebook's missing GPU metrics mean when no GPU source is configured (docs/configuration.md).
@@ -23,10 +25,6 @@ GpuWithoutMetrics = Literal["keep", "ide-only"]
 GPU_MODEL_LABEL = "nvidia.com/gpu.product"
 DEFAULT_RULE = "default"  # the policy rule name of the top-level policy
 OVERRIDE_RULE_PREFIX = "namespaceOverrides."  # namespaceOverrides.<namespace>
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the key and the source."""
 
 
 class _Model(BaseModel):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from kf_culler.errors import InputError as InputError
 from kf_culler.ide import IDE_SOURCES
 from kf_culler.ide import SERVER_SOURCES as SERVER_SOURCES
 from kf_culler.timeutil import format_time
@@ -42,10 +43,6 @@ RuleId = Literal[
     "6-half-evidence", "9-connected", "9-connected-gpu-idle", "10-idle", "13-lifetime-cap", "14-broken",
 ]
 SOURCES = (*IDE_SOURCES, "gpu")
-
-
-class InputError(ValueError):
-    """An input that is not a notebook/scenario at all (as opposed to a broken observation)."""
 
 
 @dataclass(frozen=True)

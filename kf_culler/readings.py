@@ -12,11 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from kf_culler.errors import Unreadable as Unreadable
 from kf_culler.timeutil import from_epoch_ms, parse_time
-
-
-class Unreadable(ValueError):
-    """The answer cannot be read; the message says why."""
 
 
 @dataclass(frozen=True)

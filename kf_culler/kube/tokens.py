@@ -15,12 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kf_culler.errors import ReviewUnavailable as ReviewUnavailable
+
 SA_PREFIX = "system:serviceaccount:"
 MAX_TOKEN_BYTES = 16 * 1024
-
-
-class ReviewUnavailable(RuntimeError):
-    """The API server could not be asked (or answered with an error); nothing is known about the token."""
 
 
 @dataclass(frozen=True)

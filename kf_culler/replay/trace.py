@@ -19,16 +19,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
+from kf_culler.errors import TraceError as TraceError
 from kf_culler.timeutil import format_time, parse_time
 
 FORMAT_VERSION = 1
 HEADER_KEY = "kfCullerTrace"
 TRUTHS = ("working", "present", "absent")
 Truth = Literal["working", "present", "absent"]
-
-
-class TraceError(ValueError):
-    """A trace that cannot be read; the message names the file and line."""
 
 
 @dataclass(frozen=True)

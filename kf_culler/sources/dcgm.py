@@ -29,15 +29,12 @@ import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 
 from kf_culler.config import DcgmSettings, Settings
+from kf_culler.errors import ScrapeError
 from kf_culler.sources.gpu import ENGINE, MEMORY, UTIL, GpuId, Key, answer, combine, gpu_of, pod_of
 from kf_culler.sources.prometheus import rfc3339
 
 MAX_EXPOSITION_BYTES = 16 << 20
 WANTED = (UTIL, MEMORY, ENGINE)
-
-
-class ScrapeError(Exception):
-    pass
 
 
 @dataclass

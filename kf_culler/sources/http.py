@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from kf_culler.config import ProbeSettings
+from kf_culler.errors import Permanent, Transient
 
 REQUESTS_PER_NOTEBOOK = 3  # Jupyter: api/status, api/kernels, api/terminals
 
@@ -36,14 +37,6 @@ async def _istio_denied(resp: aiohttp.ClientResponse) -> bool:
             break
         body += chunk
     return body.strip() == ISTIO_DENIED_BODY
-
-
-class Transient(Exception):
-    """A failure worth one more try (connection refused/reset, 502/503/504)."""
-
-
-class Permanent(Exception):
-    """A failure that another try will not fix."""
 
 
 @dataclass

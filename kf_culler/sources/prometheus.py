@@ -20,12 +20,9 @@ import requests
 import urllib3
 
 from kf_culler.config import PrometheusSettings
+from kf_culler.errors import PromError as PromError
 
 MAX_RESPONSE_BYTES = 64 << 20
-
-
-class PromError(Exception):
-    """Prometheus could not answer this query; the message says why."""
 
 
 @dataclass
