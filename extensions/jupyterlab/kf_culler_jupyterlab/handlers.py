@@ -1,0 +1,132 @@
+"""Two routes under the Jupyter server's base_url:
+
+    GET  <base>kf-culler/verdict   the culler's latest verdict on this notebook, small; never counts as activity
+    POST <base>kf-culler/keep      "Keep working": counts as activity, like any API request a user makes
+
+Where the verdict comes from (environment of the notebook's container):
+
+    KF_CULLER_VERDICT_URL   the culler's verdict API, e.g. http://kf-culler.kubeflow.svc.cluster.local:9090
+                            (set by an admin through a Kubeflow PodDefault); unset: nothing is shown
+    NB_PREFIX               /notebook/<namespace>/<name> (set by Kubeflow); else the server's base_url
+    KF_CULLER_TOKEN_FILE    the ServiceAccount token (default: the pod's projected token)
+    KF_CULLER_POLL_SECONDS  how often the page asks (default 30)
+    KF_CULLER_TIMEOUT_SECONDS  how long one question to the culler may take (default 3)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import datetime, timezone
+from typing import Any, Optional, Tuple
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+DNS = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
+PREFIX = re.compile(rf"^/?notebook/({DNS})/({DNS})/?$")
+MAX_REASON = 1000
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _float_env(name: str, default: float, low: float, high: float) -> float:
+    try:
+        return min(max(float(os.environ.get(name, default)), low), high)
+    except ValueError:
+        return default
+
+
+def notebook_identity(base_url: str) -> Optional[Tuple[str, str]]:
+    """(namespace, name) from NB_PREFIX, else from the server's base_url (Kubeflow makes them the same)."""
+    for candidate in (os.environ.get("NB_PREFIX", ""), base_url):
+        m = PREFIX.match(candidate.strip())
+        if m:
+            return m.group(1), m.group(2)
+    return None
+
+
+class VerdictHandler(APIHandler):
+    """Asks the culler; looking must never keep the notebook alive, so this request is not activity."""
+
+    _track_activity = False  # APIHandler.finish would otherwise set settings["api_last_activity"]
+
+    def _answer(self, doc: dict[str, Any]) -> None:
+        doc.setdefault("now", _iso(_now()))
+        doc["pollSeconds"] = _float_env("KF_CULLER_POLL_SECONDS", 30, 1, 3600)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(doc))
+
+    def _unavailable(self, why: str) -> None:
+        self.log.debug("kf-culler verdict unavailable: %s", why)
+        self._answer({"available": False, "why": why})
+
+    @web.authenticated
+    async def get(self) -> None:
+        base = os.environ.get("KF_CULLER_VERDICT_URL", "").strip().rstrip("/")
+        if not base:
+            return self._unavailable("KF_CULLER_VERDICT_URL is not set")
+        who = notebook_identity(self.base_url)
+        if who is None:
+            return self._unavailable("NB_PREFIX is not /notebook/<namespace>/<name>")
+        try:
+            with open(os.environ.get("KF_CULLER_TOKEN_FILE") or TOKEN_FILE, encoding="utf-8") as f:
+                token = f.read().strip()  # read every time: the kubelet rotates projected tokens
+        except OSError as err:
+            return self._unavailable(f"no ServiceAccount token: {err.strerror}")
+        timeout = _float_env("KF_CULLER_TIMEOUT_SECONDS", 3, 0.1, 30)
+        request = HTTPRequest(f"{base}/api/v1/namespaces/{who[0]}/notebooks/{who[1]}",
+                              headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+                              connect_timeout=timeout, request_timeout=timeout, follow_redirects=False)
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+            doc = json.loads(response.body)
+            verdict = doc["verdict"]
+        except HTTPClientError as err:  # 401, 403, 404, 503, ... and time-outs (599)
+            return self._unavailable(f"the culler answered {err.code}")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            return self._unavailable(f"the culler cannot be reached: {type(err).__name__}")
+        if not isinstance(verdict, dict):
+            return self._unavailable("the culler's answer has no verdict")
+        self._answer({
+            "available": True,
+            "state": verdict.get("state"),
+            "action": verdict.get("action"),
+            "reason": str(verdict.get("reason") or "")[:MAX_REASON],
+            "stopAt": verdict.get("stopAt"),
+            "warnAt": verdict.get("warnAt"),
+            "passTime": doc.get("passTime"),
+        })
+
+
+class KeepHandler(APIHandler):
+    """"Keep working": a user's request, so it is activity (the culler reads it at its next pass)."""
+
+    @web.authenticated
+    def post(self) -> None:
+        now = _now()
+        # What APIHandler.finish does for any tracked request, done here explicitly so that the click
+        # counts even if the page added ?no_track_activity=1.
+        self.settings["api_last_activity"] = now
+        self.finish(json.dumps({"kept": True, "at": _iso(now)}))
+
+
+def setup_handlers(web_app: Any, log: Any = None) -> None:
+    base_url = web_app.settings["base_url"]
+    web_app.add_handlers(".*$", [
+        (url_path_join(base_url, "kf-culler", "verdict"), VerdictHandler),
+        (url_path_join(base_url, "kf-culler", "keep"), KeepHandler),
+    ])
+    if log is not None:
+        url = os.environ.get("KF_CULLER_VERDICT_URL") or "(KF_CULLER_VERDICT_URL unset: nothing shown)"
+        log.info("kf-culler: %skf-culler/verdict asks %s", base_url, url)

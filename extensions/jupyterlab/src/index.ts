@@ -1,0 +1,197 @@
+/**
+ * kf-culler in JupyterLab: while the culler warns that this notebook will be stopped, a banner at the
+ * top says why, counts down to the stop and offers "Keep working".
+ *
+ * The page polls <base>kf-culler/verdict (a server route that never counts as activity) every
+ * `pollSeconds` (30 unless the server says otherwise) and shows nothing while the culler is far from a
+ * stop or cannot be reached. "Keep working" posts <base>kf-culler/keep, which counts as activity; the
+ * banner then stays hidden until a verdict from a later culler pass still says "warn".
+ */
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+import { Widget } from '@lumino/widgets';
+
+export interface IVerdict {
+  available: boolean;
+  state?: string;
+  action?: string;
+  reason?: string;
+  stopAt?: string | null;
+  warnAt?: string | null;
+  passTime?: string | null;
+  now: string;
+  pollSeconds?: number;
+}
+
+const DEFAULT_POLL_SECONDS = 30;
+
+/** mm:ss (minutes may pass 59) of a duration in milliseconds, never negative. */
+export function countdown(ms: number): string {
+  const total = Math.max(0, Math.floor(ms / 1000));
+  const m = Math.floor(total / 60);
+  const s = total % 60;
+  return `${m < 10 ? '0' : ''}${m}:${s < 10 ? '0' : ''}${s}`;
+}
+
+function hhmmUtc(t: Date): string {
+  const pad = (n: number) => (n < 10 ? '0' : '') + n;
+  return `${pad(t.getUTCHours())}:${pad(t.getUTCMinutes())} UTC`;
+}
+
+/** Whether a verdict calls for the banner: a warning (or a stop) that is due, with a stop time. */
+export function warns(v: IVerdict): boolean {
+  if (!v.available || !v.stopAt) {
+    return false;
+  }
+  if (v.action === 'warn' || v.action === 'stop') {
+    return true;
+  }
+  // "keep" with a warning time already past (the culler warns at its next pass)
+  return v.action === 'keep' && v.state === 'idle' && !!v.warnAt && Date.parse(v.warnAt) <= Date.parse(v.now);
+}
+
+class Banner extends Widget {
+  private _reason: HTMLElement;
+  private _stop: HTMLElement;
+  private _left: HTMLElement;
+  private _button: HTMLButtonElement;
+  private _stopAt = 0;
+  private _offset = 0; // server clock minus this browser's clock, in ms
+  private _timer = 0;
+
+  constructor(onKeep: () => void) {
+    super();
+    this.id = 'kf-culler-banner';
+    this.addClass('kf-culler-banner');
+    this.node.setAttribute('role', 'alert');
+    const text = document.createElement('div');
+    text.className = 'kf-culler-banner-text';
+    const title = document.createElement('strong');
+    title.textContent = 'This notebook server will be stopped soon. ';
+    this._reason = document.createElement('span');
+    this._reason.className = 'kf-culler-reason';
+    text.append(title, this._reason);
+    const when = document.createElement('div');
+    when.className = 'kf-culler-banner-when';
+    this._stop = document.createElement('span');
+    this._stop.className = 'kf-culler-stop-time';
+    this._left = document.createElement('span');
+    this._left.className = 'kf-culler-countdown';
+    when.append('Stops at ', this._stop, ' — in ', this._left);
+    this._button = document.createElement('button');
+    this._button.className = 'jp-mod-styled jp-mod-accept kf-culler-keep';
+    this._button.textContent = 'Keep working';
+    this._button.onclick = () => onKeep();
+    this.node.append(text, when, this._button);
+  }
+
+  show_(v: IVerdict, receivedAt: number): void {
+    this._reason.textContent = v.reason || '';
+    this._stopAt = Date.parse(v.stopAt as string);
+    this._offset = Date.parse(v.now) - receivedAt;
+    this._stop.textContent = hhmmUtc(new Date(this._stopAt));
+    this._stop.title = v.stopAt as string;
+    this._button.disabled = false;
+    this._tick();
+    if (!this._timer) {
+      this._timer = window.setInterval(() => this._tick(), 1000);
+    }
+    this.show();
+  }
+
+  hide_(): void {
+    if (this._timer) {
+      window.clearInterval(this._timer);
+      this._timer = 0;
+    }
+    this.hide();
+  }
+
+  busy(): void {
+    this._button.disabled = true;
+  }
+
+  private _tick(): void {
+    this._left.textContent = countdown(this._stopAt - (Date.now() + this._offset));
+  }
+}
+
+class Poller {
+  private _settings = ServerConnection.makeSettings();
+  private _banner: Banner;
+  private _keptAt = 0; // server time of the last "Keep working" (ms), 0: none
+  private _timer = 0;
+
+  constructor() {
+    this._banner = new Banner(() => void this.keep());
+    this._banner.hide();
+    Widget.attach(this._banner, document.body);
+  }
+
+  private _url(route: string): string {
+    return URLExt.join(this._settings.baseUrl, 'kf-culler', route);
+  }
+
+  async poll(): Promise<void> {
+    let seconds = DEFAULT_POLL_SECONDS;
+    try {
+      const response = await ServerConnection.makeRequest(this._url('verdict'), { cache: 'no-store' }, this._settings);
+      const receivedAt = Date.now();
+      if (response.ok) {
+        const v = (await response.json()) as IVerdict;
+        if (typeof v.pollSeconds === 'number' && v.pollSeconds > 0) {
+          seconds = v.pollSeconds;
+        }
+        this.render(v, receivedAt);
+      } else {
+        this._banner.hide_();
+      }
+    } catch (err) {
+      this._banner.hide_(); // the culler (or this server) cannot be asked: nothing alarming to show
+    }
+    this._timer = window.setTimeout(() => void this.poll(), seconds * 1000);
+  }
+
+  render(v: IVerdict, receivedAt: number): void {
+    const passTime = v.passTime ? Date.parse(v.passTime) : 0;
+    if (!warns(v) || (this._keptAt && passTime <= this._keptAt)) {
+      this._banner.hide_();
+      return;
+    }
+    this._keptAt = 0;
+    this._banner.show_(v, receivedAt);
+  }
+
+  async keep(): Promise<void> {
+    this._banner.busy();
+    try {
+      const response = await ServerConnection.makeRequest(this._url('keep'), { method: 'POST', body: '{}' }, this._settings);
+      if (response.ok) {
+        const doc = (await response.json()) as { at?: string };
+        this._keptAt = doc.at ? Date.parse(doc.at) : Date.now();
+        this._banner.hide_();
+        return;
+      }
+    } catch (err) {
+      console.warn('kf-culler: Keep working failed', err);
+    }
+    this._banner.show(); // the click did not reach the server: leave the banner up
+  }
+
+  dispose(): void {
+    window.clearTimeout(this._timer);
+    this._banner.dispose();
+  }
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'kf-culler-jupyterlab:banner',
+  description: "kf-culler's warning before an idle stop, with a Keep working button",
+  autoStart: true,
+  activate: (app: JupyterFrontEnd) => {
+    void app.started.then(() => void new Poller().poll());
+  }
+};
+
+export default plugin;

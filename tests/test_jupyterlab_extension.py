@@ -1,0 +1,328 @@
+"""The JupyterLab extension (extensions/jupyterlab, docs/ide-extension.md) against a real culler.
+
+Everything is real: the culler's verdict API (HealthServer + VerdictApi) filled by dry-run passes of a
+Runner on the local API server, run as the culler's own ServiceAccount with the shipped RBAC; a token
+minted for the notebook pod's ServiceAccount (as the kubelet projects it); JupyterLab with the extension
+from the virtualenv `hack/jupyterlab/build.sh` builds, under Kubeflow's base_url and NB_PREFIX; and the
+banner in Debian's headless Chromium, driven over the DevTools protocol.
+
+Passes read an injected clock: "22 minutes later" is a pass whose clock is 22 minutes ahead, so the
+notebook looks idle long enough to be warned without waiting for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from need import missing
+from support.jupyterlab import BuildFailed, LabServer, build
+from test_rbac import apply, rbac_objects
+from test_verdict_api import CULLER_NS, EDITOR, call, ensure, notebook_pod, pod_token
+
+from kf_culler.config import load_mapping
+from kf_culler.cycle import Cycle, CycleResult, utcnow
+from kf_culler.kube.tokens import TokenReviewer
+from kf_culler.local import objects as obj
+from kf_culler.local.router import Router
+from kf_culler.metrics import HealthServer, Metrics
+from kf_culler.runner import Runner
+from kf_culler.service import instrument
+from kf_culler.timeutil import parse_time
+from kf_culler.verdict_api import VerdictApi
+from kf_culler.verdicts import VerdictStore
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+NAME = "nb-lab"
+SCREENSHOTS = os.environ.get("KF_CULLER_SCREENSHOT_DIR")
+
+
+@pytest.fixture(scope="module")
+def lab_python() -> str:
+    try:
+        return build()
+    except BuildFailed as err:
+        missing("the JupyterLab extension (bash hack/jupyterlab/build.sh)", err)
+    except FileNotFoundError as err:  # no bash
+        missing("the JupyterLab extension (bash hack/jupyterlab/build.sh)", err)
+
+
+@dataclass
+class ClockedRunner(Runner):
+    clock: Callable[[], datetime] = utcnow
+
+    def build_cycle(self) -> Cycle:
+        cycle = super().build_cycle()
+        cycle.clock = self.clock
+        return cycle
+
+
+@dataclass
+class Stack:
+    namespace: str
+    lab: LabServer
+    runner: ClockedRunner
+    http: HealthServer
+    token_file: Path
+    api: Any
+
+    def pass_(self, ahead: timedelta = timedelta(0)) -> CycleResult:
+        """One dry-run pass of the culler, its clock `ahead` of now."""
+        self.runner.clock = lambda: datetime.now(UTC) + ahead
+        return self.runner.once()
+
+    def culler_verdict(self) -> dict[str, Any]:
+        token = self.token_file.read_text()
+        code, _, body = call(self.http.port, f"/api/v1/namespaces/{self.namespace}/notebooks/{NAME}", token)
+        assert code == 200, body
+        return dict(json.loads(body))
+
+    def banner_doc(self) -> dict[str, Any]:
+        return dict(self.lab.get("kf-culler/verdict"))
+
+
+def activity(lab: LabServer) -> datetime:
+    t = parse_time(lab.last_activity())
+    assert t is not None
+    return t
+
+
+@contextlib.contextmanager
+def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll: str,
+          policy: dict[str, Any] | None = None) -> Iterator[Stack]:
+    core = client.CoreV1Api(api)
+    ensure(lambda: core.create_namespace({"metadata": {"name": CULLER_NS}}))
+    apply(api, rbac_objects(CULLER_NS, cluster_wide=True))
+    culler_api = kube.api_client(kube.service_account_kubeconfig(CULLER_NS, "kf-culler"))
+    ensure(lambda: core.create_namespaced_service_account(namespace, {"metadata": {"name": EDITOR}}))
+    obj.create_notebook(api, namespace, obj.notebook(NAME))
+    pod = notebook_pod(api, namespace, NAME)
+    token_file = tmp_path / "token"
+    token_file.write_text(pod_token(api, pod))
+
+    store = VerdictStore()
+    http = HealthServer("127.0.0.1:0", Metrics(), lambda: (True, "ready"),
+                        VerdictApi(store, TokenReviewer(culler_api)))
+    http.start()
+    env = {"KF_CULLER_VERDICT_URL": f"http://127.0.0.1:{http.port}", "KF_CULLER_TOKEN_FILE": str(token_file),
+           "KF_CULLER_POLL_SECONDS": poll, "KF_CULLER_TIMEOUT_SECONDS": "3"}
+    with Router() as router, LabServer(python, namespace, NAME, env) as lab:
+        router.add("notebook", namespace, NAME, f"http://127.0.0.1:{lab.port}", strip=False)
+        settings = load_mapping({**(policy or {"idleMinutes": 30, "warnMinutes": 10}),
+                                 "urls": {"jupyter": router.template()},
+                                 "namespaces": {"include": [namespace]}}, "test")
+        runner = ClockedRunner(settings, culler_api, dry_run=True)
+        instrument(runner, Metrics(), None, store)
+        try:
+            with runner:
+                yield Stack(namespace, lab, runner, http, token_file, api)
+        finally:
+            http.stop()
+            runner.close()
+
+
+def test_server_part_relays_the_verdict_and_only_keep_counts_as_activity(
+        kube: Any, api: Any, namespace: str, lab_python: str, tmp_path: Path) -> None:
+    with stack(kube, api, namespace, lab_python, tmp_path, poll="7") as s:
+        # No pass yet: the culler answers 503; the page is told nothing is available, nothing alarming.
+        doc = s.banner_doc()
+        assert doc["available"] is False and doc["pollSeconds"] == 7, doc
+        assert "503" in doc["why"]
+
+        # A pass at the real time: an idle Jupyter server far from its stop is kept.
+        s.pass_()
+        doc, culler = s.banner_doc(), s.culler_verdict()
+        v = culler["verdict"]
+        assert doc["available"] is True and (doc["action"], doc["state"]) == ("keep", "idle"), doc
+        assert (doc["reason"], doc["stopAt"], doc["warnAt"], doc["passTime"]) == \
+            (v["reason"], v["stopAt"], v["warnAt"], culler["passTime"])
+        assert abs((parse_time(doc["now"]) - datetime.now(UTC)).total_seconds()) < 5
+        assert set(doc) == {"available", "state", "action", "reason", "stopAt", "warnAt", "passTime", "now",
+                            "pollSeconds"}
+
+        # Polling never counts as activity: 30 polls, and the server's last_activity has not moved.
+        # (A tracked API request does move it: the measurement can see a move.)
+        first = activity(s.lab)
+        time.sleep(0.05)
+        s.lab.get("api/contents")
+        before = activity(s.lab)
+        assert before > first
+        time.sleep(1.1)
+        for _ in range(30):
+            assert s.banner_doc()["available"] is True
+        assert activity(s.lab) == before
+
+        # 22 minutes later in the culler's eyes: warned, stop 30 minutes after the last activity.
+        warned = s.pass_(timedelta(minutes=22))
+        doc = s.banner_doc()
+        assert (doc["action"], doc["state"]) == ("warn", "idle"), doc
+        assert parse_time(doc["stopAt"]) - before <= timedelta(minutes=30, seconds=1)
+        assert parse_time(doc["stopAt"]) > warned.now > parse_time(doc["warnAt"])
+
+        # Keep working: a POST that counts, at the time it was made.
+        t0 = datetime.now(UTC)
+        kept = s.lab.post("kf-culler/keep")
+        assert kept["kept"] is True
+        after = activity(s.lab)
+        assert after >= t0 - timedelta(seconds=1) and after > before
+        # The culler's next pass sees it: idle since the click, kept, the stop pushed back.
+        result = s.pass_(timedelta(seconds=30))
+        mine = next(r for r in result.results if r.name == NAME)
+        assert (mine.verdict.action, mine.verdict.state) == ("keep", "idle"), mine.verdict
+        doc = s.banner_doc()
+        assert doc["action"] == "keep" and parse_time(doc["stopAt"]) >= t0 + timedelta(minutes=30) - \
+            timedelta(seconds=2), doc
+
+        # Whatever goes wrong with the culler, the page gets {"available": false} quickly.
+        good = s.token_file.read_text()
+        s.token_file.write_text("garbage")
+        doc = s.banner_doc()
+        assert doc["available"] is False and "401" in doc["why"], doc
+        s.token_file.unlink()
+        doc = s.banner_doc()
+        assert doc["available"] is False and "token" in doc["why"], doc
+        s.token_file.write_text(good)
+        obj_api = client.CustomObjectsApi(api)
+        obj_api.delete_namespaced_custom_object("kubeflow.org", "v1", namespace, "notebooks", NAME)
+        deadline = time.monotonic() + 20
+        while any(r.name == NAME for r in s.pass_().results) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        doc = s.banner_doc()
+        assert doc["available"] is False and "404" in doc["why"], doc
+        s.http.stop()
+        t = time.monotonic()
+        doc = s.banner_doc()
+        assert doc["available"] is False and time.monotonic() - t < 5, doc
+
+
+# JupyterLab's own requests (api/kernels, api/sessions, api/terminals, api/contents, lab/api/workspaces
+# every ~10 s while the tab is visible) are tracked API requests: an open, visible JupyterLab tab moves
+# last_activity by itself. The browser test has the browser add ?no_track_activity=1 to them (DevTools
+# Fetch domain, invisible to the page), so that the only requests that can count are the extension's
+# and their effect on the server's activity can be measured. The extension's own are left as they are.
+def untrack_lab_requests(browser: Any) -> None:
+    def paused(params: dict[str, Any]) -> None:
+        url = params["request"]["url"]
+        if "/kf-culler/" not in url and "no_track_activity" not in url:
+            url += ("&" if "?" in url else "?") + "no_track_activity=1"
+        browser.post("Fetch.continueRequest", {"requestId": params["requestId"], "url": url})
+
+    browser.on("Fetch.requestPaused", paused)
+    browser.send("Fetch.enable", {"patterns": [{"urlPattern": "*/api/*", "requestStage": "Request"}]})
+
+
+BANNER = "#kf-culler-banner"
+VISIBLE = ("(() => { const b = document.querySelector('" + BANNER + "'); return !!b && "
+           "getComputedStyle(b).display !== 'none' && b.getBoundingClientRect().height > 0; })()")
+DISMISS_NEWS = """(() => { for (const b of document.querySelectorAll('.jp-toast-button, .Toastify button')) {
+  if (b.textContent.trim() === 'No') { b.click(); return true; } } return false; })()"""
+
+
+def text(browser: Any, selector: str) -> str:
+    return str(browser.evaluate(f"document.querySelector('{BANNER} {selector}').textContent"))
+
+
+def mmss(value: str) -> int:
+    m = re.fullmatch(r"(\d{2,}):(\d{2})", value)
+    assert m, value
+    return int(m.group(1)) * 60 + int(m.group(2))
+
+
+def test_banner_in_chromium_and_keep_working(kube: Any, api: Any, namespace: str, lab_python: str,
+                                             tmp_path: Path) -> None:
+    """A warning shows as a banner with the culler's reason, the stop time and a live countdown;
+    "Keep working" posts, hides it, and the culler's next pass keeps the notebook.
+
+    Policy: stopped after 1.5 min idle, warned 1 min before (at 30 s idle), so the warning comes from
+    real idleness and the countdown in the screenshot agrees with the reason."""
+    from support.cdp import Chromium, Unavailable, executable
+
+    try:
+        executable()
+    except Unavailable as err:
+        missing("Chromium (hack/setup.sh installs Debian's chromium)", err)
+    policy = {"idleMinutes": 1.5, "warnMinutes": 1}
+    with stack(kube, api, namespace, lab_python, tmp_path, poll="1", policy=policy) as s, Chromium() as browser:
+        untrack_lab_requests(browser)
+        browser.navigate(s.lab.url + "lab")
+        browser.wait_for("!!document.querySelector('#jp-main-dock-panel .jp-Launcher')", 120, "JupyterLab's launcher")
+        browser.wait_for(f"!!document.querySelector('{BANNER}')", 60, "the extension's banner element")
+        with contextlib.suppress(TimeoutError):
+            browser.wait_for(DISMISS_NEWS, 5, "JupyterLab's news question")
+
+        # Opening JupyterLab is activity (its first requests are tracked). Then the culler's pass:
+        # kept, far from the stop: nothing shown, over many polls; and with the page open and polling,
+        # the server's activity stands still.
+        time.sleep(2)
+        s.pass_()
+        idle_from = activity(s.lab)
+        first_warn_at = parse_time(s.culler_verdict()["verdict"]["warnAt"])
+        assert first_warn_at is not None
+        polled = len(browser.requests("kf-culler/verdict"))
+        while datetime.now(UTC) < first_warn_at - timedelta(seconds=1.5):
+            assert not browser.evaluate(VISIBLE)
+            time.sleep(0.5)
+        assert len(browser.requests("kf-culler/verdict")) >= polled + 10
+        assert len(browser.requests("api/sessions")) >= 1  # Lab's own polls went on (untracked)
+        assert activity(s.lab) == idle_from, "the page's requests moved the server's last_activity"
+        # Its warning time passed: the banner comes even before the culler's next pass warns.
+        browser.wait_for(VISIBLE, 10, "the banner once warnAt has passed")
+
+        # The culler's pass: a warning. The banner shows its reason, the stop time, a live countdown.
+        s.pass_()
+        v = s.culler_verdict()["verdict"]
+        assert (v["action"], v["state"]) == ("warn", "idle"), v
+        browser.wait_for(f"document.querySelector('{BANNER} .kf-culler-reason').textContent === "
+                         f"{json.dumps(v['reason'])}", 10, "the banner with the culler's reason")
+        assert browser.evaluate(VISIBLE)
+        stop_at = parse_time(v["stopAt"])
+        assert stop_at is not None
+        assert text(browser, ".kf-culler-stop-time") == stop_at.strftime("%H:%M UTC")
+        first = mmss(text(browser, ".kf-culler-countdown"))
+        expected = (stop_at - datetime.now(UTC)).total_seconds()
+        assert abs(first - expected) <= 3, (first, expected)
+        time.sleep(2.2)
+        assert 1 <= first - mmss(text(browser, ".kf-culler-countdown")) <= 4  # it counts down
+        assert text(browser, ".kf-culler-keep") == "Keep working"
+        shot = browser.screenshot(Path(SCREENSHOTS or tmp_path) / "ide-extension-banner.png")
+        assert shot.stat().st_size > 10_000
+
+        # Keep working: one POST, answered; the banner goes, and stays away while the culler's latest
+        # verdict is older than the click.
+        clicked = datetime.now(UTC)
+        browser.click(f"{BANNER} .kf-culler-keep")
+        browser.wait_for(f"!{VISIBLE}", 10, "the banner to go")
+        posts = [r for r in browser.requests("kf-culler/keep") if r["method"] == "POST"]
+        assert len(posts) == 1, posts
+        assert [r["status"] for r in browser.responses("kf-culler/keep")] == [200]
+        time.sleep(3)
+        assert not browser.evaluate(VISIBLE)
+        moved = activity(s.lab)
+        assert moved >= clicked - timedelta(seconds=1), (idle_from, moved, clicked)
+
+        # The culler's next pass (its clock 20 s after now) reads the click as activity: kept, idle
+        # since the click, the stop pushed back.
+        result = s.pass_(timedelta(seconds=20))
+        mine = next(r for r in result.results if r.name == NAME)
+        assert mine.verdict.action == "keep", mine.verdict
+        after = mine.verdict.to_dict()
+        assert parse_time(after["idleSince"]) >= clicked - timedelta(seconds=1)  # type: ignore[operator]
+        assert parse_time(after["stopAt"]) > stop_at  # type: ignore[operator]
+        time.sleep(3)
+        assert not browser.evaluate(VISIBLE)
+
+        # The culler gone: still nothing alarming.
+        s.http.stop()
+        time.sleep(3)
+        assert not browser.evaluate(VISIBLE)
+        assert not browser.handler_errors
