@@ -245,6 +245,23 @@ def run_child(params_path: str) -> int:
                 stops[r.name] = time.time()
 
     runner = Runner(settings, api, on_result=on_result)
+    replicas, index = int(params.get("replicas", 1)), int(params.get("index", 0))
+    shards_held: list[int] = []
+    manager: Any = None
+    if replicas > 1:  # one of R replicas, sharded as `run --leader-elect` with `shards: N` does
+        from kf_culler.kube.lease import ShardManager
+        from kf_culler.sharding import fair_share
+
+        manager = ShardManager(api, "default", "kf-culler", f"bench-{index}", settings.operations.shards)
+        manager.start()
+        runner.owns = manager.owns
+        floor = fair_share(settings.operations.shards, replicas)[0]
+        limit = time.monotonic() + 120
+        while time.monotonic() < limit and not (manager.live_replicas == replicas and len(manager.held()) >= floor):
+            time.sleep(0.5)
+        time.sleep(2 * manager.renew_seconds)  # the last shard settles
+        shards_held = manager.held()
+        log(f"replica {index}: holding shards {shards_held} of {settings.operations.shards}")
     cpu0, t0 = time.process_time(), time.monotonic()
     runner.start_cache(timeout=float(params["syncTimeout"]))
     sync = {"seconds": time.monotonic() - t0, "cpuSeconds": time.process_time() - cpu0,
@@ -276,9 +293,17 @@ def run_child(params_path: str) -> int:
     # The crossing notebooks cross the idle limit during the steady window.
     steady_seconds = float(params["steadyMinutes"]) * 60
     cross0, span = time.time() + min(60.0, steady_seconds / 4), max(1.0, steady_seconds - 2.5 * period)
-    with urllib.request.urlopen(urllib.request.Request(
-            f"{params['control']}?cross0={cross0}&span={span}", method="POST"), timeout=10) as resp:
-        resp.read()
+    if index == 0:  # with replicas, the first one sets the crossing times and tells the others
+        with urllib.request.urlopen(urllib.request.Request(
+                f"{params['control']}?cross0={cross0}&span={span}", method="POST"), timeout=10) as resp:
+            resp.read()
+        if replicas > 1:
+            Path(params["crossFile"]).write_text(json.dumps([cross0, span]))
+    else:
+        limit = time.monotonic() + 600
+        while not Path(params["crossFile"]).exists() and time.monotonic() < limit:
+            time.sleep(0.5)
+        cross0, span = json.loads(Path(params["crossFile"]).read_text())
     for m in members(spec):
         if m.crossing:
             cross[m.name] = cross_time(spec, m, cross0, span)
@@ -316,6 +341,8 @@ def run_child(params_path: str) -> int:
                      "latencies": sorted(latencies.values()), "notStopped": sorted(set(cross) - set(stops))},
         "peakRssMiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cpuSeconds": time.process_time(), "checkPeriodSeconds": period,
+        "replica": index, "replicas": replicas, "shardsHeld": shards_held,
+        "shardsHeldAtEnd": manager.held() if manager is not None else [],
     }
     Path(params["out"]).write_text(json.dumps(out, indent=1))
     return 0
@@ -430,18 +457,28 @@ class Bench:
         before = apiserver_counts(c.server, *tls)
         srv0 = _get_json(f"{base}/stats")
         log(f"kf-culler: cold cycle, then {a.steady_minutes:g} min of cycles; load {loadavg()}")
-        child = self.start("kf-culler", [sys.executable, str(Path(__file__).resolve()), "--culler-child",
-                                         str(self.dir / "params.json")])
+        children = {}
+        for k in range(a.replicas):
+            name = "kf-culler" if k == 0 else f"kf-culler-{k}"
+            if a.replicas > 1:
+                (self.dir / f"params-{k}.json").write_text(json.dumps({
+                    **params, "replicas": a.replicas, "index": k, "crossFile": str(self.dir / "cross.json"),
+                    "out": str(self.dir / ("ours.json" if k == 0 else f"ours-{k}.json"))}))
+            children[name] = self.start(name, [sys.executable, str(Path(__file__).resolve()), "--culler-child",
+                                               str(self.dir / (f"params-{k}.json" if a.replicas > 1
+                                                               else "params.json"))])
         limit = time.monotonic() + a.steady_minutes * 60 + 900
-        peak_child: dict[str, float] = {}
-        while child.poll() is None and time.monotonic() < limit:
-            peak_child = proc_stats(child.pid) or peak_child
+        while any(ch.poll() is None for ch in children.values()) and time.monotonic() < limit:
             time.sleep(1.0)
-        if child.poll() is None:
-            raise RuntimeError("the kf-culler child did not finish in time:\n" + self.tail("kf-culler"))
-        if child.returncode != 0:
-            raise RuntimeError(f"the kf-culler child failed:\n{self.tail('kf-culler')}")
+        for name, child in children.items():
+            if child.poll() is None:
+                raise RuntimeError(f"the {name} child did not finish in time:\n" + self.tail(name))
+            if child.returncode != 0:
+                raise RuntimeError(f"the {name} child failed:\n{self.tail(name)}")
         ours = json.loads((self.dir / "ours.json").read_text())
+        if a.replicas > 1:
+            self.report["replicas"] = [ours] + [json.loads((self.dir / f"ours-{k}.json").read_text())
+                                                for k in range(1, a.replicas)]
         ours["apiserver"] = diff(apiserver_counts(c.server, *tls), before)
         ours["prometheusServed"] = _prom_queries(self.prom.url) - prom0
         srv1 = _get_json(f"{base}/stats")
@@ -615,6 +652,22 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "crossingStopped": f"{ours['crossing']['stopped']}/{ours['crossing']['count']}",
         "checkPeriodSeconds": ours["checkPeriodSeconds"],
     }
+    if report.get("replicas"):
+        s["replicas"] = []
+        for r in report["replicas"]:
+            st = [c for c in r["cycles"][1:] if "profiled" not in c["label"]]
+            s["replicas"].append({
+                "replica": r["replica"], "shards": r["shardsHeld"], "shardsAtEnd": r["shardsHeldAtEnd"],
+                "notebooksPerCycle": statistics.median(c["notebooks"] for c in st) if st else None,
+                "probesPerCycle": statistics.median(c["probes"] for c in st) if st else None,
+                "coldCycleSeconds": r["cycles"][0]["wallSeconds"],
+                "steadyCycleSecondsMedian": statistics.median(c["wallSeconds"] for c in st) if st else None,
+                "steadyCycleSecondsMax": max(c["wallSeconds"] for c in st) if st else None,
+                "cpuSecondsSteadyMedian": statistics.median(c["cpuSeconds"] for c in st) if st else None,
+                "steadyApiWritesPerCycle": statistics.mean(c["apiWrites"] for c in st) if st else None,
+                "peakRssMiB": r["peakRssMiB"],
+                "crossingStopped": f"{r['crossing']['stopped']}",
+                "crossingToStopSecondsMax": max(r["crossing"]["latencies"], default=None)})
     kf = report.get("kubeflow")
     if kf and "unavailable" not in kf:
         s["kubeflow"] = {k: kf[k] for k in ("passSeconds", "passSecondsFromRate", "probesPerSecond",
@@ -663,6 +716,8 @@ def main() -> int:
     p.add_argument("--gpu-share", type=float, default=0.20)
     p.add_argument("--codeserver-share", type=float, default=0.20)
     p.add_argument("--steady-minutes", type=float, default=10.0)
+    p.add_argument("--replicas", type=int, default=1,
+                   help="run R culler processes sharing the notebooks by shard Leases (with --set shards=N)")
     p.add_argument("--set", action="append", metavar="KEY=JSON",
                    help="override a config key of kustomize/base/config.yaml, e.g. concurrency=256")
     p.add_argument("--ours-urls", choices=("dns", "loopback"), default="dns",
