@@ -100,8 +100,6 @@ class Cycle:
             return False
         if self.owns is not None and not self.owns(ns):
             return False
-        if self.owns is not None and not self.owns(ns):
-            return False
         if self.settings.operations.gpu_only:
             return gpu_count(notebook, pod, self.settings.policy_for(ns).gpu_resources) > 0
         return True
