@@ -49,6 +49,33 @@ def add_minutes(moment: datetime, minutes: float) -> datetime:
         return MAX_TIME if minutes > 0 else MIN_TIME
 
 
-def format_time(moment: datetime) -> str:
-    """UTC, second precision, `Z` suffix: the form Kubeflow's web app writes."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def format_time(moment: datetime, micro: bool = False) -> str:
+    """UTC with a `Z` suffix: to the second (the form Kubeflow's web app writes) or, with `micro`, to the
+    microsecond (Jupyter's form, and a Lease's MicroTime)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_epoch(ts: float) -> str:
+    """Unix seconds as RFC 3339 UTC with a `Z` (fractions only when there are some)."""
+    moment = datetime.fromtimestamp(ts, tz=UTC)
+    return format_time(moment, micro=bool(moment.microsecond))
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as a reason shows it to a notebook's user: `45 s`, `12 min`, `3 h 5 min`, `2 days 1 h`."""
+    if seconds < 120:
+        return f"{max(0, int(seconds))} s"
+    m = int(seconds // 60)
+    if m < 60:
+        return f"{m} min"
+    h, m = divmod(m, 60)
+    if h >= 48:
+        return f"{h // 24} days {h % 24} h"
+    return f"{h} h {m} min" if m else f"{h} h"
+
+
+def clock_text(t: datetime, now: datetime) -> str:
+    """A time as a reason shows it: `09:00 UTC` on the day of `now`, the full timestamp on another day."""
+    if t.date() != now.date():
+        return format_time(t)
+    return f"{t:%H:%M} UTC" if t.second == 0 else f"{t:%H:%M:%S} UTC"

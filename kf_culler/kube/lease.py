@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kf_culler.sharding import fair_share, shard_of
+from kf_culler.timeutil import format_time
 
 log = logging.getLogger(__name__)
 # On a shard Lease its holder is handing over: it no longer writes, and the Lease is taken once it lapses.
@@ -26,7 +27,7 @@ HANDING_OVER = "notebook-culler.io/handing-over"
 
 
 def _micro(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_time(t, micro=True)
 
 
 def _parse(value: Any) -> datetime | None:

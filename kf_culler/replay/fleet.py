@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from kf_culler.model import SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
 from kf_culler.replay.trace import TraceHeader, TraceWriter, Truth, open_text
+from kf_culler.timeutil import format_time
 
 DAY = 1440
 RSTUDIO_LOOKBACK = 240  # minutes; the RStudio source's default look-back
@@ -440,7 +441,7 @@ class _Clock:
     def z(self, minute: int) -> str:
         s = self._z.get(minute)
         if s is None:
-            s = (self.start + timedelta(minutes=minute)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            s = format_time(self.start + timedelta(minutes=minute))
             self._z[minute] = s
         return s
 
@@ -448,7 +449,7 @@ class _Clock:
         """Jupyter's form: microseconds and Z."""
         s = self._us.get(minute)
         if s is None:
-            s = (self.start + timedelta(minutes=minute)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            s = format_time(self.start + timedelta(minutes=minute), micro=True)
             self._us[minute] = s
         return s
 

@@ -33,7 +33,7 @@ from kf_culler.readings import Unreadable, parse_gpu
 from kf_culler.replay.fleet import BEHAVIOUR_LABEL
 from kf_culler.replay.rules import Check, PolicyRule, Rule
 from kf_culler.replay.trace import Record, TraceHeader, read_trace
-from kf_culler.timeutil import parse_time
+from kf_culler.timeutil import format_time, parse_time
 
 HOUR = 3600.0
 
@@ -176,7 +176,7 @@ class _Nb:
 
 def _with_start(pod: dict[str, Any], start: datetime) -> dict[str, Any]:
     status = dict(pod.get("status") or {})
-    status["startTime"] = start.strftime("%Y-%m-%dT%H:%M:%SZ")
+    status["startTime"] = format_time(start)
     return {**pod, "status": status}
 
 

@@ -26,8 +26,9 @@ from kf_culler.model import (
 )
 from kf_culler.notebook import NotebookView, pod_trouble
 from kf_culler.rules.evidence import Clock, Evidence, gather
-from kf_culler.rules.words import hhmm, minutes
 from kf_culler.timeutil import add_minutes, format_time, parse_time
+from kf_culler.timeutil import clock_text as hhmm
+from kf_culler.timeutil import duration_text as minutes
 
 RuleFn = Callable[[Evidence, Policy, datetime], Verdict | None]
 

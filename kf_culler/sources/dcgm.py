@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kf_culler.config import DcgmSettings, Settings
 from kf_culler.errors import ScrapeError
 from kf_culler.sources.gpu import ENGINE, MEMORY, UTIL, GpuId, Key, answer, combine, gpu_of, pod_of
-from kf_culler.sources.prometheus import rfc3339
+from kf_culler.timeutil import format_epoch
 
 MAX_EXPOSITION_BYTES = 16 << 20
 WANTED = (UTIL, MEMORY, ENGINE)
@@ -203,18 +203,18 @@ class DcgmScraper:
         newest = pod.samples[-1][0]
         if t - newest > self.settings.stale_seconds:
             why = f"; last scrape error: {ep.last_error}" if ep.last_error else ""
-            return {"error": f"GPU samples for pod stop at {rfc3339(newest)} (stale){why}"}
+            return {"error": f"GPU samples for pod stop at {format_epoch(newest)} (stale){why}"}
         window_start = t - self.settings.lookback_minutes * 60
         watched_from = ep.run_start if ep.run_start is not None else newest
         whole_window = watched_from <= window_start
         whole_life = pod.appeared is not None and pod.appeared >= watched_from
         if not (whole_window or whole_life) or pod.lost_until >= window_start:
             since = max(watched_from, pod.lost_until)
-            return {"error": f"GPU history incomplete: watched only since {rfc3339(since)}, needs "
+            return {"error": f"GPU history incomplete: watched only since {format_epoch(since)}, needs "
                              f"{self.settings.lookback_minutes:g} min or the pod's start"}
         points = [(s, u, m) for s, u, m, _ in pod.samples if s >= window_start]
         result = answer(points, pod.samples[-1][3], "dcgm-exporter")
-        result["watchedSince"] = rfc3339(pod.appeared if whole_life and pod.appeared else watched_from)
+        result["watchedSince"] = format_epoch(pod.appeared if whole_life and pod.appeared else watched_from)
         return result
 
     def _why_missing(self, key: Key) -> str:

@@ -26,7 +26,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kf_culler.config import PrometheusSettings
-from kf_culler.sources.prometheus import PromError, PrometheusClient, Series, error_for_all, rfc3339
+from kf_culler.sources.prometheus import PromError, PrometheusClient, Series, error_for_all
+from kf_culler.timeutil import format_epoch
 
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
 MEMORY = "DCGM_FI_DEV_FB_USED"
@@ -82,7 +83,7 @@ def combine(gpus: Mapping[GpuId, GpuSeries]) -> list[tuple[float, float, float]]
 
 def answer(points: Sequence[tuple[float, float, float]], gpus: int, source: str) -> dict[str, Any]:
     return {
-        "samples": [{"time": rfc3339(t), "utilPercent": round(u, 3), "memoryUsedMiB": round(m, 3)}
+        "samples": [{"time": format_epoch(t), "utilPercent": round(u, 3), "memoryUsedMiB": round(m, 3)}
                     for t, u, m in points],
         "gpus": gpus,
         "source": source,
@@ -144,7 +145,7 @@ class PrometheusGpu:
             if not points:
                 out[key] = {"error": "no time stamp with both GPU utilisation and memory for pod"}
             elif now.timestamp() - points[-1][0] > stale:
-                out[key] = {"error": f"GPU samples for pod stop at {rfc3339(points[-1][0])} (stale)"}
+                out[key] = {"error": f"GPU samples for pod stop at {format_epoch(points[-1][0])} (stale)"}
             else:
                 out[key] = answer(points, len(gpus), "prometheus")
         return out, self.client.queries - before

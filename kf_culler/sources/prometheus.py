@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +31,6 @@ class Series:
 
     labels: dict[str, str]
     points: list[tuple[float, float]] = field(default_factory=list)
-
-
-def rfc3339(ts: float) -> str:
-    """Unix seconds as RFC 3339 UTC with a `Z` (fractions only when there are some)."""
-    moment = datetime.fromtimestamp(ts, tz=UTC)
-    if moment.microsecond:
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def duration(seconds: float) -> str:

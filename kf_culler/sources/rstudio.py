@@ -29,7 +29,8 @@ from typing import Any
 
 from kf_culler.config import PrometheusSettings, RStudioSettings, Settings
 from kf_culler.sources.gpu import pod_of
-from kf_culler.sources.prometheus import PrometheusClient, Series, duration, error_for_all, rfc3339
+from kf_culler.sources.prometheus import PrometheusClient, Series, duration, error_for_all
+from kf_culler.timeutil import format_epoch
 
 Key = tuple[str, str]
 ORDINAL = re.compile(r"^(?P<set>.+)-\d+$")
@@ -97,8 +98,8 @@ class PrometheusRStudio:
             out[key] = {
                 "connected": self.settings.istio and recent > 0,
                 "busy": cores >= self.settings.cpu_busy_cores,
-                "lastActivity": rfc3339(last_cpu if last_cpu is not None else window_start.timestamp()),
-                "lastConnected": rfc3339(last_req) if last_req is not None else None,
+                "lastActivity": format_epoch(last_cpu if last_cpu is not None else window_start.timestamp()),
+                "lastConnected": format_epoch(last_req) if last_req is not None else None,
                 "via": via,
                 "cpuCores": round(cores, 4),
                 "activityInWindow": last_cpu is not None,
