@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -20,11 +20,12 @@ from kf_culler.model import (
     STOPPED_AT_ANNOTATION,
     STOPPED_BY_ANNOTATION,
     STOPPED_BY_VALUE,
+    State,
 )
 from kf_culler.stopped import LongStopped
 from kf_culler.timeutil import parse_time
 
-STATES = ("active", "connected", "idle", "no-signal", "starting", "exempt", "stopped", "broken")
+STATES: tuple[str, ...] = get_args(State)
 
 
 class Metrics:

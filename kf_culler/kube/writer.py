@@ -8,7 +8,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_none
 
@@ -26,9 +26,14 @@ class _Conflict(Exception):
     """A patch answered 409 Conflict (the notebook's resourceVersion moved on)."""
 
 
+# What became of a notebook's write: written, nothing to write, the notebook gone, 409 on every try, an
+# error, or this replica no longer the one allowed to write.
+WriteOutcome = Literal["patched", "unchanged", "gone", "conflict-exhausted", "failed", "not-leader"]
+
+
 @dataclass
 class WriteResult:
-    outcome: str  # patched | unchanged | gone | conflict-exhausted | failed | dry-run
+    outcome: WriteOutcome
     attempts: int = 0
     conflicts: int = 0
     event: str | None = None  # created | failed: ... | None
