@@ -2,7 +2,8 @@
 # Everything kf-culler's demo and tests need on a fresh machine; idempotent (seconds when done before).
 #
 #   bash hack/setup.sh            # Python package + test deps, control plane, notebook-controller,
-#                                 # Kubeflow's web app, Prometheus, code-server
+#                                 # Kubeflow's web app, Prometheus, code-server, Chromium, JupyterLab
+#                                 # with kf-culler's extension
 #   KF_CULLER_SETUP=minimal ...   # only the Python package and the API-server binaries (the demo's needs)
 #
 # Heavy builds go to ~/.cache/kf-culler (outside the repository), keyed by version.
@@ -51,4 +52,12 @@ step "Kubeflow's notebook-controller v1.11.0 (Go module proxy, else its source)"
 step "Kubeflow's Jupyter web app backend v1.11.0 (its own virtualenv)" quiet bash hack/webapp/install.sh
 step "Prometheus (Debian package)" quiet apt_prometheus
 step "code-server and Node 24 (npm registry)" quiet bash hack/codeserver/install.sh
+apt_chromium() {
+  command -v chromium >/dev/null 2>&1 && return 0
+  command -v apt-get >/dev/null 2>&1 || { say "no apt-get to install Debian's chromium"; return 1; }
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+}
+step "Chromium, headless (Debian package; the JupyterLab banner test)" quiet apt_chromium
+step "JupyterLab 4 and the kf-culler extension (PyPI, npm registry; its own virtualenv)" \
+  quiet bash hack/jupyterlab/build.sh
 say "ready"

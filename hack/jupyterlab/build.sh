@@ -21,7 +21,25 @@ py="${PYTHON:-python3}"
 say() { printf 'jupyterlab-build: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-command -v node >/dev/null 2>&1 || die "node is not on PATH: the extension's front-end is built with Node.js >= 18 (apt-get install nodejs)"
+# Node.js for the front-end build: @jupyter/builder (rspack 2) needs ^20.19 or >= 22.12. Without such a
+# node on PATH, the "node" package of the npm registry (KF_CULLER_JUPYTERLAB_NODE_SPEC, default 22) is
+# installed into the cache directory, as hack/codeserver/install.sh does.
+node_ok() {
+  command -v node >/dev/null 2>&1 && node -e 'const [a, b] = process.versions.node.split(".").map(Number);
+    process.exit((a === 20 && b >= 19) || (a === 22 && b >= 12) || a > 22 ? 0 : 1)' 2>/dev/null
+}
+if ! node_ok; then
+  own_node="$dir/node/node_modules/.bin"
+  export PATH="$own_node:$PATH"
+  if ! node_ok; then
+    command -v npm >/dev/null 2>&1 || die "no Node.js >= 20.19 and no npm to install one (apt-get install npm)"
+    say "installing node@${KF_CULLER_JUPYTERLAB_NODE_SPEC:-22} from the npm registry into $dir/node"
+    mkdir -p "$dir/node"
+    npm install --prefix "$dir/node" --no-audit --no-fund --no-save --loglevel=warn \
+      "node@${KF_CULLER_JUPYTERLAB_NODE_SPEC:-22}" >&2 || die "npm install node failed"
+    node_ok || die "the node from the npm registry does not run: $(node --version 2>&1)"
+  fi
+fi
 # The extension's sources: everything tracked or trackable under extensions/jupyterlab, not build outputs.
 files() {
   (cd "$src" && find . -type f \
