@@ -22,23 +22,27 @@ say() { printf 'jupyterlab-build: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
 # Node.js for the front-end build: @jupyter/builder (rspack 2) needs ^20.19 or >= 22.12. Without such a
-# node on PATH, the "node" package of the npm registry (KF_CULLER_JUPYTERLAB_NODE_SPEC, default 22) is
-# installed into the cache directory, as hack/codeserver/install.sh does.
+# node on PATH, Node.js from the npm registry (the package node-linux-<arch>, the binary that the "node"
+# package's install script would fetch; version KF_CULLER_JUPYTERLAB_NODE_SPEC, default 22) is installed
+# into the cache directory.
 node_ok() {
   command -v node >/dev/null 2>&1 && node -e 'const [a, b] = process.versions.node.split(".").map(Number);
-    process.exit((a === 20 && b >= 19) || (a === 22 && b >= 12) || a > 22 ? 0 : 1)' 2>/dev/null
+    process.exit((a === 20 && b >= 19) || (a === 22 && b >= 12) || a > 22 ? 0 : 1)' >/dev/null 2>&1
 }
 if ! node_ok; then
-  own_node="$dir/node/node_modules/.bin"
-  export PATH="$own_node:$PATH"
+  case "$(uname -m)" in x86_64) arch=x64 ;; aarch64 | arm64) arch=arm64 ;; *) arch="$(uname -m)" ;; esac
+  node_pkg="node-linux-${arch}"
+  export PATH="$dir/node/node_modules/${node_pkg}/bin:$PATH"
   if ! node_ok; then
     command -v npm >/dev/null 2>&1 || die "no Node.js >= 20.19 and no npm to install one (apt-get install npm)"
-    say "installing node@${KF_CULLER_JUPYTERLAB_NODE_SPEC:-22} from the npm registry into $dir/node"
+    say "installing ${node_pkg}@${KF_CULLER_JUPYTERLAB_NODE_SPEC:-22} from the npm registry into $dir/node"
     mkdir -p "$dir/node"
     npm install --prefix "$dir/node" --no-audit --no-fund --no-save --loglevel=warn \
-      "node@${KF_CULLER_JUPYTERLAB_NODE_SPEC:-22}" >&2 || die "npm install node failed"
+      "${node_pkg}@${KF_CULLER_JUPYTERLAB_NODE_SPEC:-22}" >&2 || die "npm install ${node_pkg} failed"
+    hash -r
     node_ok || die "the node from the npm registry does not run: $(node --version 2>&1)"
   fi
+  say "node $(node --version) from $(command -v node)"
 fi
 # The extension's sources: everything tracked or trackable under extensions/jupyterlab, not build outputs.
 files() {
