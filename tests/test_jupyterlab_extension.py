@@ -17,6 +17,8 @@ import json
 import os
 import re
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -168,6 +170,15 @@ def test_server_part_relays_the_verdict_and_only_keep_counts_as_activity(
         assert (doc["action"], doc["state"]) == ("warn", "idle"), doc
         assert parse_time(doc["stopAt"]) - before <= timedelta(minutes=30, seconds=1)
         assert parse_time(doc["stopAt"]) > warned.now > parse_time(doc["warnAt"])
+
+        # Another site cannot press the button: a POST without the page's XSRF token is refused, and
+        # does not count.
+        forged = urllib.request.Request(s.lab.url + "kf-culler/keep", data=b"{}", method="POST",
+                                        headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(forged, timeout=30)
+        assert refused.value.code == 403
+        assert activity(s.lab) == before
 
         # Keep working: a POST that counts, at the time it was made.
         t0 = datetime.now(UTC)

@@ -112,11 +112,15 @@ class VerdictHandler(APIHandler):
 class KeepHandler(APIHandler):
     """"Keep working": a user's request, so it is activity (the culler reads it at its next pass)."""
 
+    # Not through APIHandler.finish, which would also count a refused request (a POST without the
+    # page's XSRF token fails in prepare, and its error response is finished like any other): only a
+    # POST that reaches post() counts.
+    _track_activity = False
+
     @web.authenticated
     def post(self) -> None:
         now = _now()
-        # What APIHandler.finish does for any tracked request, done here explicitly so that the click
-        # counts even if the page added ?no_track_activity=1.
+        # What APIHandler.finish does for a tracked request: the server's last_activity moves to now.
         self.settings["api_last_activity"] = now
         self.finish(json.dumps({"kept": True, "at": _iso(now)}))
 
