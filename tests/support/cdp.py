@@ -78,9 +78,14 @@ class Chromium:
                 raise RuntimeError(f"chromium did not start: {log.read_text(errors='replace')[-2000:]}")
             else:
                 time.sleep(0.1)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
-            targets = json.loads(r.read())
-        page = next(t for t in targets if t.get("type") == "page")
+        page = None
+        while page is None:  # the page target may be listed a moment after the DevTools line
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+                page = next((t for t in json.loads(r.read()) if t.get("type") == "page"), None)
+            if page is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("chromium started without a page target")
+                time.sleep(0.1)
         self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], suppress_origin=True)
         self._reader = threading.Thread(target=self._read, name="cdp-reader", daemon=True)
         self._reader.start()
