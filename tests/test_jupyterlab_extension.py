@@ -93,6 +93,19 @@ class Stack:
         return dict(self.lab.get("kf-culler/verdict"))
 
 
+def settled(lab: LabServer, quiet: float = 3, timeout: float = 60) -> datetime:
+    """The server's last_activity once it has not moved for `quiet` seconds (a page still loading)."""
+    deadline = time.monotonic() + timeout
+    last, since = activity(lab), time.monotonic()
+    while time.monotonic() - since < quiet:
+        assert time.monotonic() < deadline, "the server's last_activity keeps moving"
+        time.sleep(0.5)
+        now = activity(lab)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def activity(lab: LabServer) -> datetime:
     t = parse_time(lab.last_activity())
     assert t is not None
@@ -217,10 +230,11 @@ def test_server_part_relays_the_verdict_and_only_keep_counts_as_activity(
 
 
 # JupyterLab's own requests (api/kernels, api/sessions, api/terminals, api/contents, lab/api/workspaces
-# every ~10 s while the tab is visible) are tracked API requests: an open, visible JupyterLab tab moves
-# last_activity by itself. The browser test has the browser add ?no_track_activity=1 to them (DevTools
-# Fetch domain, invisible to the page), so that the only requests that can count are the extension's
-# and their effect on the server's activity can be measured. The extension's own are left as they are.
+# every ~10 s while the tab is visible, and jupyter-lsp's lsp/status) are tracked API requests: an open,
+# visible JupyterLab tab moves last_activity by itself. The browser test has the browser add
+# ?no_track_activity=1 to them (DevTools Fetch domain, invisible to the page), so that the only requests
+# that can count are the extension's, and their effect on the server's activity can be measured. The
+# extension's own are left as they are.
 def untrack_lab_requests(browser: Any) -> None:
     def paused(params: dict[str, Any]) -> None:
         url = params["request"]["url"]
@@ -229,7 +243,8 @@ def untrack_lab_requests(browser: Any) -> None:
         browser.post("Fetch.continueRequest", {"requestId": params["requestId"], "url": url})
 
     browser.on("Fetch.requestPaused", paused)
-    browser.send("Fetch.enable", {"patterns": [{"urlPattern": "*/api/*", "requestStage": "Request"}]})
+    browser.send("Fetch.enable", {"patterns": [{"urlPattern": "*/api/*", "requestStage": "Request"},
+                                               {"urlPattern": "*/lsp/*", "requestStage": "Request"}]})
 
 
 BANNER = "#kf-culler-banner"
@@ -271,12 +286,10 @@ def test_banner_in_chromium_and_keep_working(kube: Any, api: Any, namespace: str
         with contextlib.suppress(TimeoutError):
             browser.wait_for(DISMISS_NEWS, 5, "JupyterLab's news question")
 
-        # Opening JupyterLab is activity (its first requests are tracked). Then the culler's pass:
-        # kept, far from the stop: nothing shown, over many polls; and with the page open and polling,
-        # the server's activity stands still.
-        time.sleep(2)
+        # Once the page has settled, the culler's pass: kept, far from the stop: nothing shown, over
+        # many polls; and with the page open and polling, the server's activity stands still.
+        idle_from = settled(s.lab)
         s.pass_()
-        idle_from = activity(s.lab)
         first_warn_at = parse_time(s.culler_verdict()["verdict"]["warnAt"])
         assert first_warn_at is not None
         polled = len(browser.requests("kf-culler/verdict"))
@@ -290,7 +303,8 @@ def test_banner_in_chromium_and_keep_working(kube: Any, api: Any, namespace: str
         browser.wait_for(VISIBLE, 10, "the banner once warnAt has passed")
 
         # The culler's pass: a warning. The banner shows its reason, the stop time, a live countdown.
-        s.pass_()
+        # (Its clock 2 s ahead: warnAt is given in whole seconds, the idle time is not.)
+        s.pass_(timedelta(seconds=2))
         v = s.culler_verdict()["verdict"]
         assert (v["action"], v["state"]) == ("warn", "idle"), v
         browser.wait_for(f"document.querySelector('{BANNER} .kf-culler-reason').textContent === "
