@@ -32,13 +32,16 @@ CULLER_NS = "kf-culler-rbac"
 
 
 def rbac_objects(namespace: str, cluster_wide: bool, scope: str | None = None) -> list[dict[str, Any]]:
-    """The base's ServiceAccount and roles, in `namespace`; namespace-scoped: a RoleBinding in `scope`."""
+    """The base's ServiceAccount and roles, in `namespace`; namespace-scoped: a RoleBinding in `scope`.
+
+    The cluster-scoped copies are named after `namespace`: tests that each bind their own ServiceAccount
+    share one cluster, and a binding left by another test under the shipped name would point elsewhere."""
     out = []
     for o in render(ROOT / "kustomize" / "base"):
         if o["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
             continue
         o = copy.deepcopy(o)
-        suffix = "" if cluster_wide else "-scoped"
+        suffix = f"-{namespace}" if cluster_wide else f"-{namespace}-scoped"
         if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
             o["metadata"]["name"] += suffix
         else:
