@@ -5,40 +5,36 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 from typing import Any
 
 from kf_culler.local import procs
 
 
-class JupyterServer:
+class JupyterServer(procs.LocalServer):
+    what = "the Jupyter server"
+
     def __init__(self, namespace: str, name: str, terminals: bool = True) -> None:
+        super().__init__("kf-culler-jupyter-", "server.log")
         self.namespace, self.name = namespace, name
-        self.port = procs.free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="kf-culler-jupyter-"))
         self.base_path = f"/notebook/{namespace}/{name}/"
         self.url = f"http://127.0.0.1:{self.port}{self.base_path}"
         self.terminals = terminals
-        self.proc: Any = None
-        self.log = self.dir / "server.log"
 
     def __enter__(self) -> JupyterServer:
-        self.start()
+        super().__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def environment(self) -> dict[str, str]:
+        """The server's environment: its Jupyter and IPython directories inside its own directory."""
+        return {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.dir / "runtime"),
+                "JUPYTER_DATA_DIR": str(self.dir / "data"), "JUPYTER_CONFIG_DIR": str(self.dir / "config"),
+                "IPYTHONDIR": str(self.dir / "ipython"), "HOME": str(self.dir)}
 
-    def start(self, timeout: float = 60) -> None:
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.dir / "runtime"),
-               "JUPYTER_DATA_DIR": str(self.dir / "data"), "JUPYTER_CONFIG_DIR": str(self.dir / "config"),
-               "IPYTHONDIR": str(self.dir / "ipython"), "HOME": str(self.dir)}
+    def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
                f"--ServerApp.base_url={self.base_path}", "--IdentityProvider.token=",
@@ -47,25 +43,17 @@ class JupyterServer:
                f"--ServerApp.terminals_enabled={self.terminals}"]
         if self.terminals:  # enabled explicitly: a virtualenv does not see the system's extension config
             cmd.append("--ServerApp.jpserver_extensions={'jupyter_server_terminals': True}")
-        self.proc = procs.start(cmd, self.log, env=env, cwd=self.dir)
+        return cmd
 
-        def up() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter server exited: {procs.tail(self.log)}")
-            try:
-                self.get("api/status")
-                return True
-            except OSError:
-                return False
+    def start(self, timeout: float = 60) -> None:
+        self.launch(self.command(), self.environment(), timeout)
 
+    def ready(self) -> bool:
         try:
-            procs.wait_until(up, timeout, 0.2, "the Jupyter server")
-        except TimeoutError as err:
-            raise RuntimeError(f"{err}: {procs.tail(self.log)}") from None
-
-    def stop(self) -> None:
-        procs.stop(self.proc)
-        shutil.rmtree(self.dir, ignore_errors=True)
+            self.get("api/status")
+            return True
+        except OSError:
+            return False
 
     # -- the REST API, as a user's browser would use it ----------------------------------------------
     def _req(self, method: str, path: str, body: Any = None) -> Any:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,3 +84,56 @@ def wait_until(pred: object, timeout: float, interval: float = 0.1, what: str = 
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
+
+
+class LocalServer:
+    """A server this process runs on loopback: a free port, a directory of its own (removed on stop) with
+    its log, and a context manager that stops it, also when its start fails. A subclass builds its
+    command in `start` and hands it to `launch`, and says in `ready` whether one look found it answering."""
+
+    what = "the server"  # for messages
+    log_lines = 30  # how much of the log a failure shows
+
+    def __init__(self, prefix: str, log_name: str) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.log = self.dir / log_name
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LocalServer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 120) -> None:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def launch(self, cmd: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None,
+               interval: float = 0.2) -> None:
+        """Start `cmd` in its own process group and wait until `ready`; a process that exits or never
+        answers raises RuntimeError with the tail of its log."""
+        self.proc = start(cmd, self.log, env=env, cwd=cwd or self.dir)
+        proc = self.proc
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{self.what} exited with {proc.returncode}:\n{tail(self.log, self.log_lines)}")
+            return self.ready()
+
+        try:
+            wait_until(up, timeout, interval, self.what)
+        except TimeoutError as err:
+            raise RuntimeError(f"{err}:\n{tail(self.log, self.log_lines)}") from None
+
+    def stop(self) -> None:
+        stop(self.proc)
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -11,9 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -62,30 +60,22 @@ def executable(install_timeout: float = 1800) -> Path:
     return Path(lines[-1])
 
 
-class CodeServer:
+class CodeServer(procs.LocalServer):
     """One code-server process in its own process group, with its own temporary directories.
 
     `url` is the server root (ending in '/'), the address the culler's probe is given.
     """
 
+    what = "code-server"
+
     def __init__(self, exe: Path | None = None) -> None:
         self.exe = exe if exe is not None else executable()
-        self.port = procs.free_port()
+        super().__init__("kf-culler-code-server-", "code-server.log")
         self.url = f"http://127.0.0.1:{self.port}/"
-        self.dir = Path(tempfile.mkdtemp(prefix="kf-culler-code-server-"))
-        self.log = self.dir / "code-server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> CodeServer:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def start(self, timeout: float = 120) -> None:
         home = self.dir / "home"
@@ -101,27 +91,14 @@ class CodeServer:
                "--user-data-dir", str(self.dir / "user-data"),
                "--extensions-dir", str(self.dir / "extensions"),
                str(self.dir / "workspace")]
-        self.proc = procs.start(cmd, self.log, env=env, cwd=self.dir)
-        proc = self.proc
+        self.launch(cmd, env, timeout)
 
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"code-server exited with {proc.returncode}: {procs.tail(self.log)}")
-            try:
-                self.healthz()
-                return True
-            except OSError:
-                return False
-
+    def ready(self) -> bool:
         try:
-            procs.wait_until(up, timeout, 0.2, "code-server's /healthz")
-        except TimeoutError as err:
-            raise RuntimeError(f"{err}: {procs.tail(self.log)}") from None
-
-    def stop(self) -> None:
-        procs.stop(self.proc)
-        self.proc = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+            self.healthz()
+            return True
+        except OSError:
+            return False
 
     def healthz(self) -> Any:
         """GET /healthz on a connection of its own that is closed at once (urllib sends Connection: close).

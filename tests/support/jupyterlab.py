@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import http.cookiejar
 import json
-import os
 import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kf_culler.local import procs
 from kf_culler.local.jupyter import JupyterServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,39 +39,29 @@ class LabServer(JupyterServer):
         self.cookies = http.cookiejar.CookieJar()
         self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.cookies))
 
-    def start(self, timeout: float = 90) -> None:
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.dir / "runtime"),
-               "JUPYTER_DATA_DIR": str(self.dir / "data"), "JUPYTER_CONFIG_DIR": str(self.dir / "config"),
-               "IPYTHONDIR": str(self.dir / "ipython"), "HOME": str(self.dir),
-               "NB_PREFIX": self.base_path.rstrip("/"), **self.extra_env}
+    what = "JupyterLab"
+
+    def environment(self) -> dict[str, str]:
+        env = {**super().environment(), "NB_PREFIX": self.base_path.rstrip("/"), **self.extra_env}
         env.pop("PYTHONPATH", None)
-        cmd = [self.python, "-m", "jupyterlab", "--no-browser", "--allow-root",
-               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-               f"--ServerApp.base_url={self.base_path}", "--IdentityProvider.token=",
-               "--ServerApp.password=", f"--ServerApp.root_dir={self.dir}",
-               "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-        self.proc = procs.start(cmd, self.log, env=env, cwd=self.dir)
+        return env
 
-        def up() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyterlab exited: {procs.tail(self.log)}")
-            try:
-                self.get("api/status")
-                return True
-            except OSError:
-                return False
+    def command(self) -> list[str]:
+        return [self.python, "-m", "jupyterlab", "--no-browser", "--allow-root",
+                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+                f"--ServerApp.base_url={self.base_path}", "--IdentityProvider.token=",
+                "--ServerApp.password=", f"--ServerApp.root_dir={self.dir}",
+                "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
 
-        try:
-            procs.wait_until(up, timeout, 0.2, "JupyterLab")
-        except TimeoutError as err:
-            raise RuntimeError(f"{err}: {procs.tail(self.log)}") from None
+    def start(self, timeout: float = 90) -> None:
+        super().start(timeout)
 
     def _req(self, method: str, path: str, body: Any = None) -> Any:
         """As the page does: the _xsrf cookie the server sets, echoed in X-XSRFToken for writes."""
         if method != "GET" and not any(c.name == "_xsrf" for c in self.cookies):
             with self.opener.open(self.url + "lab", timeout=30) as r:
                 r.read()
-        xsrf = next((c.value for c in self.cookies if c.name == "_xsrf"), "")
+        xsrf = next((c.value or "" for c in self.cookies if c.name == "_xsrf"), "")
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json", "X-XSRFToken": xsrf})

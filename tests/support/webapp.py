@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -170,32 +169,25 @@ class WebAppClient:
         return self.patch(f"api/namespaces/{namespace}/notebooks/{name}", {"stopped": stopped})
 
 
-class WebApp:
+class WebApp(procs.LocalServer):
     """One backend process (gunicorn) in its own process group, running from a copy of the source.
 
     `url` is the app's root ending in '/', on 127.0.0.1 only.
     """
 
+    what = "the Jupyter web app backend"
+    log_lines = 60
+
     def __init__(self, kubeconfig: Path, venv: Path | None = None, source: Path | None = None) -> None:
         self.kubeconfig = Path(kubeconfig)
         self.venv = venv if venv is not None else virtualenv()
         self.source = source if source is not None else source_dir()
-        self.port = procs.free_port()
+        super().__init__("kf-culler-webapp-", "webapp.log")
         self.url = f"http://127.0.0.1:{self.port}/"
-        self.dir = Path(tempfile.mkdtemp(prefix="kf-culler-webapp-"))
-        self.log = self.dir / "webapp.log"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> WebApp:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def start(self, timeout: float = 120) -> None:
         backend = self.source / "jupyter-backend"
@@ -223,28 +215,14 @@ class WebApp:
                "--bind", f"127.0.0.1:{self.port}", "--workers", "1", "--worker-class", "gevent",
                "--timeout", "120", "--graceful-timeout", "5",
                "--access-logfile", "-", "--error-logfile", "-", "entrypoint:app"]
-        self.proc = procs.start(cmd, self.log, env=env, cwd=app)
-        proc = self.proc
+        self.launch(cmd, env, timeout, cwd=app, interval=0.25)
 
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the Jupyter web app backend exited with {proc.returncode}:\n"
-                                   f"{procs.tail(self.log, 60)}")
-            try:
-                resp = requests.get(self.url + "healthz/readiness", timeout=5)
-            except requests.RequestException:
-                return False
-            return resp.status_code == 200
-
+    def ready(self) -> bool:
         try:
-            procs.wait_until(up, timeout, 0.25, "the Jupyter web app backend's /healthz/readiness")
-        except TimeoutError as err:
-            raise RuntimeError(f"{err}:\n{procs.tail(self.log, 60)}") from None
-
-    def stop(self) -> None:
-        procs.stop(self.proc)
-        self.proc = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+            resp = requests.get(self.url + "healthz/readiness", timeout=5)
+        except requests.RequestException:
+            return False
+        return resp.status_code == 200
 
     def client(self, user: str | None = None) -> WebAppClient:
         return WebAppClient(self.url, user=user)
