@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kf_culler.config import Settings
-from kf_culler.cycle import Cycle, CycleResult, NotebookResult
+from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, utcnow
 from kf_culler.kube.cache import ClusterCache
 from kf_culler.kube.istio import PolicyKeeper
 from kf_culler.kube.writer import Writer
@@ -74,6 +74,7 @@ class Runner:
     _sources: tuple[BulkSource | None, BulkSource | None] | None = None
     namespace_labels: Any = None  # kf_culler.kube.namespaces.NamespaceLabels, made when rules need it
     policies: PolicyKeeper | None = None  # kf-culler-probes per namespace (istio.manageAuthorizationPolicies)
+    clock: Clock = utcnow  # where each pass reads the time (tests and replays set it)
     last_cycle_end: float = 0.0
     cycles: int = 0
 
@@ -83,7 +84,7 @@ class Runner:
         gpu, rstudio = self._sources
         writer = None if (self.dry_run or self.settings.operations.dry_run) else Writer(self.api)
         cycle = Cycle(self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write,
-                      on_result=self.on_result, on_observed=self.on_observed, owns=self.owns)
+                      on_result=self.on_result, on_observed=self.on_observed, owns=self.owns, clock=self.clock)
         cycle.notifier = self.notifier if writer is not None else None
         if self.settings.needs_namespace_labels:
             if self.namespace_labels is None:

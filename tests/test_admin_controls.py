@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_e2e_cull import ClockedRunner, router, servers, settings_for, wait_cache  # noqa: F401 (fixtures)
+from test_e2e_cull import router, servers, settings_for, wait_cache  # noqa: F401 (fixtures)
 
 from kf_culler import cli
 from kf_culler.config import load_mapping
@@ -28,6 +28,7 @@ from kf_culler.model import (
 )
 from kf_culler.notebook import pod_trouble
 from kf_culler.plan import EVENT_STOP, EVENT_WARN
+from kf_culler.runner import Runner
 from kf_culler.service import instrument
 from kf_culler.stopped import long_stopped, stopped_since
 from kf_culler.timeutil import format_time
@@ -98,7 +99,7 @@ def test_lifetime_cap_warns_then_stops_an_active_notebook(api: Any, namespace: s
     obj.create_notebook(api, namespace, obj.notebook("nb-busy"))
     obj.running_pod(api, namespace, "nb-busy", started)
     now = [started + timedelta(minutes=60)]
-    runner = ClockedRunner(settings_for(router, namespace, idleMinutes=600, warnMinutes=30, maxRunningMinutes=120),
+    runner = Runner(settings_for(router, namespace, idleMinutes=600, warnMinutes=30, maxRunningMinutes=120),
                            api, clock=lambda: now[0])
     verdicts = []
     with runner:
@@ -134,7 +135,7 @@ def test_gpu_pod_running_but_not_ready_is_broken_reported_then_stopped(api: Any,
     client.CoreV1Api(api).patch_namespaced_pod_status("nb-gpu-0", namespace, {"status": {"conditions": [
         {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": since}]}})
     metrics = Metrics()
-    runner = ClockedRunner(settings_for(router, namespace, brokenMinutes=10), api)
+    runner = Runner(settings_for(router, namespace, brokenMinutes=10), api)
     instrument(runner, metrics)
     with runner:
         wait_cache(runner, namespace, "nb-gpu", lambda nb, pod: pod is not None and any(
@@ -147,7 +148,7 @@ def test_gpu_pod_running_but_not_ready_is_broken_reported_then_stopped(api: Any,
     assert ann[STATE_ANNOTATION] == "broken" and STOP_ANNOTATION not in ann
     assert [e.reason for e in obj.events_for(api, namespace, "nb-gpu")] == [EVENT_WARN]
 
-    runner = ClockedRunner(settings_for(router, namespace, brokenMinutes=10, brokenAction="stop"), api)
+    runner = Runner(settings_for(router, namespace, brokenMinutes=10, brokenAction="stop"), api)
     with runner:
         stopped = runner.once().results[0].verdict
     assert (stopped.action, stopped.state, stopped.rule) == ("stop", "broken", "14-broken"), stopped.reason
@@ -185,7 +186,6 @@ def test_check_lists_long_stopped_notebooks_and_the_metric_counts_them(
     doc = json.loads(capsys.readouterr().out)
     assert [n["name"] for n in doc["longStopped"]["notebooks"]] == ["nb-old-gpu", "nb-old-lock"]
 
-    from kf_culler.runner import Runner
 
     metrics = Metrics()
     runner = Runner(load_mapping({"namespaces": {"include": [namespace]}}, "test"), api)

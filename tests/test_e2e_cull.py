@@ -5,15 +5,13 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from kf_culler.config import Settings, load_mapping
-from kf_culler.cycle import Cycle, utcnow
 from kf_culler.local import objects as obj
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
@@ -48,18 +46,6 @@ def settings_for(router: Router, namespace: str, **extra: Any) -> Settings:
         "idleMinutes": 0.05, "warnMinutes": 0, "startupGraceMinutes": 10,
         "urls": {"jupyter": router.template("notebook")},
         "probe": {"timeoutSeconds": 5}, "lastActivityStepMinutes": 10, **extra}, "test")
-
-
-@dataclass
-class ClockedRunner(Runner):
-    """A Runner whose passes read the time from `clock`: the test sets `now` for every pass."""
-
-    clock: Callable[[], datetime] = utcnow
-
-    def build_cycle(self) -> Cycle:
-        cycle = super().build_cycle()
-        cycle.clock = self.clock
-        return cycle
 
 
 def wait_cache(runner: Runner, ns: str, name: str, pred: Any, timeout: float = 20) -> None:
@@ -192,7 +178,7 @@ def test_warn_then_stop(api: Any, namespace: str, router: Router, servers: dict[
     again (no second Event), stop. The clock is injected, so a slow machine cannot skip the window."""
     make(api, namespace, "nb-idle")
     now = [datetime.now(UTC)]
-    runner = ClockedRunner(settings_for(router, namespace, idleMinutes=10, warnMinutes=5), api,
+    runner = Runner(settings_for(router, namespace, idleMinutes=10, warnMinutes=5), api,
                            clock=lambda: now[0])
     with runner:
         first = runner.once().results[0].verdict
@@ -239,7 +225,7 @@ def test_steady_passes_cost_no_writes_when_idle_one_per_step_when_active(
     api.rest_client.request = counting_request
     start = datetime.now(UTC)
     now = [start]
-    runner = ClockedRunner(settings_for(router, namespace, idleMinutes=600, warnMinutes=60,
+    runner = Runner(settings_for(router, namespace, idleMinutes=600, warnMinutes=60,
                                         lastActivityStepMinutes=10), api, clock=lambda: now[0])
     metrics = Metrics()
     instrument(runner, metrics)

@@ -19,7 +19,7 @@ import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,7 +33,7 @@ from test_rbac import apply, rbac_objects
 from test_verdict_api import CULLER_NS, EDITOR, call, ensure, notebook_pod, pod_token
 
 from kf_culler.config import load_mapping
-from kf_culler.cycle import Cycle, CycleResult, utcnow
+from kf_culler.cycle import CycleResult
 from kf_culler.kube.tokens import TokenReviewer
 from kf_culler.local import objects as obj
 from kf_culler.local.router import Router
@@ -60,20 +60,10 @@ def lab_python() -> str:
 
 
 @dataclass
-class ClockedRunner(Runner):
-    clock: Callable[[], datetime] = utcnow
-
-    def build_cycle(self) -> Cycle:
-        cycle = super().build_cycle()
-        cycle.clock = self.clock
-        return cycle
-
-
-@dataclass
 class Stack:
     namespace: str
     lab: LabServer
-    runner: ClockedRunner
+    runner: Runner
     http: HealthServer
     token_file: Path
     api: Any
@@ -136,7 +126,7 @@ def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll
         settings = load_mapping({**(policy or {"idleMinutes": 30, "warnMinutes": 10}),
                                  "urls": {"jupyter": router.template()},
                                  "namespaces": {"include": [namespace]}}, "test")
-        runner = ClockedRunner(settings, culler_api, dry_run=True)
+        runner = Runner(settings, culler_api, dry_run=True)
         instrument(runner, Metrics(), None, store)
         try:
             with runner:

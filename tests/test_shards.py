@@ -19,7 +19,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.faulty import FaultyServer
 from support.target import KubeTarget
+from test_leader_election import wait
 
 from kf_culler.kube.lease import live_holder
 from kf_culler.local import objects as obj
@@ -88,16 +89,6 @@ def test_shipped_one_shard_two_replicas_and_the_shards_component(tmp_path: Path)
 
 
 # -- on the API server ---------------------------------------------------------------------------------
-
-
-def wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def holders(api: Any, namespace: str) -> dict[int, str | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import shutil
@@ -86,7 +87,7 @@ def wait_until(pred: object, timeout: float, interval: float = 0.1, what: str = 
         time.sleep(interval)
 
 
-class LocalServer:
+class LocalServer(abc.ABC):
     """A server this process runs on loopback: a free port, a directory of its own (removed on stop) with
     its log, and a context manager that stops it, also when its start fails. A subclass builds its
     command in `start` and hands it to `launch`, and says in `ready` whether one look found it answering."""
@@ -111,11 +112,13 @@ class LocalServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @abc.abstractmethod
     def start(self, timeout: float = 120) -> None:
-        raise NotImplementedError
+        """Build the command and hand it to `launch`."""
 
+    @abc.abstractmethod
     def ready(self) -> bool:
-        raise NotImplementedError
+        """One look: True when the server answers."""
 
     def launch(self, cmd: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None,
                interval: float = 0.2) -> None:
