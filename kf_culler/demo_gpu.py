@@ -69,17 +69,21 @@ def _story(cluster: LocalCluster, say: _Say, idle_minutes: float) -> int:
         say("   Then Notebook b asks for 1 GPU; its Jupyter server runs a kernel that is busy.")
         s.setup()
         say(_pods([s.pod("a-0"), s.pod("b-0")]))
-        say("   b waits: the only GPU is a's. (The node has no GPU to measure, so the culler is told the GPU")
-        say(f"   is idle: 0 % utilisation, 0 MiB.) Idle limit {idle_minutes * 60:g} s, no warning step.")
+        say("   b waits: the only GPU is a's. The node has no GPU: a dcgm-exporter-shaped endpoint reports")
+        say("   a's GPU idle (0 % utilisation, 0 MiB) and a real Prometheus scrapes it for the culler.")
+        say(f"   Idle limit {idle_minutes * 60:g} s, no warning step; the culler runs a pass a second.")
         say()
-        say("4. The culler's table before:")
-        first = s.cycle()
-        say("\n".join("   " + line for line in table(first).splitlines()))
         stop = s.cull_a()
         verdict = stop.result.verdict
+        passes = f"{stop.cycles} pass" + ("es" if stop.cycles != 1 else "")
+        say(f"4. After {passes} the culler decides to stop a (rule {verdict.rule}):")
+        say("\n".join("   " + line for line in table(stop.cycle).splitlines()))
+        gpu = verdict.evidence.get("gpu") or {}
+        latest = gpu.get("latest") or {}
+        say(f"   a's GPU evidence: {gpu.get('samples')} samples from Prometheus, the latest "
+            f"{latest.get('utilPercent')} % and {latest.get('memoryUsedMiB')} MiB.")
         say()
-        say(f"5. {stop.cycles} cycles later (one a second) the culler stops a (rule {verdict.rule}):")
-        say(f"   {verdict.reason}")
+        say(f"5. a is stopped: {verdict.reason}")
         ann = s.notebook("a")["metadata"].get("annotations") or {}
         say(f"   {STOP_ANNOTATION}: {ann.get(STOP_ANNOTATION)!r}  (a JSON merge patch; Event {EVENT_STOP} on a)")
         times = s.wait_handoff(stop)

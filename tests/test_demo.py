@@ -98,3 +98,21 @@ def test_demo_interrupted_leaves_nothing_running() -> None:
     assert proc.returncode == 130, rest[-2000:]
     assert "nothing is left running" in rest
     assert leftovers(mark) == []
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_demo_gpu_hands_the_idle_notebooks_gpu_to_the_waiting_one() -> None:
+    """`kf-culler demo --gpu` end to end: the full local cluster, Kubeflow's notebook-controller (built by
+    hack/setup.sh), a's idle GPU read from Prometheus, a stopped, b Running on the GPU, nothing left."""
+    mark, env = demo_env()
+    done = subprocess.run([sys.executable, "-m", "kf_culler", "demo", "--gpu"], capture_output=True, text=True,
+                          timeout=600, env=env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    evidence = next(line for line in out.splitlines() if "a's GPU evidence:" in line)
+    samples = int(evidence.split("a's GPU evidence:")[1].split()[0])
+    assert samples >= 2 and "the latest 0.0 % and 0.0 MiB" in evidence, evidence
+    assert "kubeflow-resource-stopped: '" in out and "b is Running on gpu-node" in out
+    assert "The culler keeps a while it waits (starting)" in out
+    assert leftovers(mark) == []
