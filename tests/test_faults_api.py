@@ -292,17 +292,50 @@ def test_events_refused_by_rbac_the_stop_still_happens(cluster: LocalCluster, ap
 
 # -- SIGTERM during a pass --------------------------------------------------------------------------------------
 
-class SlowProxy:
+class LoopServer:
+    """A TCP server on 127.0.0.1 run by an asyncio loop in a thread of its own; a subclass says in `_handle`
+    what one connection gets, and may pass an SSL context."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.port = free_port()
+        self.tls = tls
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> LoopServer:
+        self.thread.start()
+
+        async def up() -> None:
+            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, ssl=self.tls)
+
+        asyncio.run_coroutine_threadsafe(up(), self.loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def down() -> None:
+            if self._server is not None:
+                self._server.close()
+            for w in self._writers:
+                w.close()
+
+        asyncio.run_coroutine_threadsafe(down(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class SlowProxy(LoopServer):
     """A TCP proxy to the API server that holds every chunk the client sends for `delay` seconds, so each
     API call of the culler takes a while and a signal can land in the middle of its writes."""
 
     def __init__(self, target_port: int, delay: float) -> None:
-        self.port = free_port()
+        super().__init__()
         self.target_port = target_port
         self.delay = delay
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._server: asyncio.AbstractServer | None = None
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
         try:
@@ -324,40 +357,17 @@ class SlowProxy:
             return
         await asyncio.gather(self._pipe(reader, up_writer, self.delay), self._pipe(up_reader, writer, 0.0))
 
-    def __enter__(self) -> SlowProxy:
-        self.thread.start()
 
-        async def up() -> None:
-            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-
-        asyncio.run_coroutine_threadsafe(up(), self.loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def down() -> None:
-            if self._server is not None:
-                self._server.close()
-
-        asyncio.run_coroutine_threadsafe(down(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-class SilentProxy:
+class SilentProxy(LoopServer):
     """Where the API server should be: accepts every connection, reads what the client sends and never
     answers (an API server that hangs). Without `tls` it does not even complete the TLS handshake; with
     it the handshake completes and the request is read whole, then nothing comes back. Counts the
     connections and records each request line it read."""
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        self.port = free_port()
-        self.tls = tls
+        super().__init__(tls)
         self.connections = 0
         self.request_lines: list[str] = []
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._server: asyncio.AbstractServer | None = None
-        self._writers: list[asyncio.StreamWriter] = []
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -370,26 +380,6 @@ class SilentProxy:
                 pass
         except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
-
-    def __enter__(self) -> SilentProxy:
-        self.thread.start()
-
-        async def up() -> None:
-            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, ssl=self.tls)
-
-        asyncio.run_coroutine_threadsafe(up(), self.loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def down() -> None:
-            if self._server is not None:
-                self._server.close()
-            for w in self._writers:
-                w.close()
-
-        asyncio.run_coroutine_threadsafe(down(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.mark.timeout(300)  # a guard only: without a request timeout the pass would never end

@@ -33,8 +33,8 @@ import requests
 from need import missing
 from support.target import KubeTarget
 from support.webapp import CSRF_COOKIE, Unavailable, WebApp, WebAppClient, start_webapp, virtualenv
+from test_e2e_cull import settings_for
 
-from kf_culler.config import Settings, load_mapping
 from kf_culler.kube import GROUP, PLURAL, VERSION
 from kf_culler.local import objects as obj
 from kf_culler.local.jupyter import JupyterServer
@@ -98,14 +98,6 @@ def idle_jupyter(router: Router, namespace: str, name: str) -> Iterator[JupyterS
     finally:
         router.remove("notebook", namespace, name)
         server.stop()
-
-
-def settings_for(router: Router, namespace: str, **extra: Any) -> Settings:
-    return load_mapping({
-        "namespaces": {"include": [namespace]},
-        "idleMinutes": 0.05, "warnMinutes": 0, "startupGraceMinutes": 10,
-        "urls": {"jupyter": router.template("notebook")},
-        "probe": {"timeoutSeconds": 5}, "lastActivityStepMinutes": 10, **extra}, "test")
 
 
 def make_running(api: Any, namespace: str, name: str, started: datetime) -> None:
