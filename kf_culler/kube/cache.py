@@ -19,6 +19,7 @@ from kf_culler.kube import GROUP, PLURAL, POD_LABEL, VERSION
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
+LIST_PAGE = 500  # objects per list request (as kubectl pages, --chunk-size=500)
 
 
 def _slim(obj: dict[str, Any]) -> dict[str, Any]:
@@ -119,14 +120,27 @@ class _Collection:
         return {"label_selector": self.selector} if self.selector else {}
 
     def _list(self) -> str:
-        resp = self.lister(_preload_content=False, **self._kwargs())
-        data = json.loads(resp.data)
-        items = {_key(o): self.slim(o) for o in data.get("items") or []}
+        """List in pages of LIST_PAGE objects: one page's JSON is decoded and slimmed at a time, so a
+        relist of 10,000 notebooks never holds the whole answer (tens of MiB) and its dicts at once.
+        An expired continue token is a 410, which the loop answers with a fresh list."""
+        items: dict[Key, dict[str, Any]] = {}
+        token = ""
+        while True:
+            kwargs = {**self._kwargs(), "limit": LIST_PAGE, **({"_continue": token} if token else {})}
+            resp = self.lister(_preload_content=False, **kwargs)
+            data = json.loads(resp.data)
+            del resp
+            for o in data.get("items") or []:
+                items[_key(o)] = self.slim(o)
+            meta = data.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                break
         with self.lock:
             self.objects = items
         self.lists += 1
         self.synced.set()
-        return str(data.get("metadata", {}).get("resourceVersion", ""))
+        return str(meta.get("resourceVersion", ""))
 
     def _run(self) -> None:
         from kubernetes import watch
