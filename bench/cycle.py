@@ -212,10 +212,37 @@ class CountingApi:
             return Counter(self.counts)
 
 
+class _Traced:
+    """tracemalloc snapshots of the culler: the 25 largest allocation sites, each with its traceback."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        if path:
+            import tracemalloc
+
+            tracemalloc.start(8)
+            Path(path).write_text("")
+
+    def snapshot(self, label: str) -> None:
+        if not self.path:
+            return
+        import tracemalloc
+
+        snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        total = sum(s.size for s in snap.statistics("filename"))
+        lines = [f"== {label}: {total / 2**20:.1f} MiB traced, RSS {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB"]
+        for stat in snap.statistics("traceback")[:25]:
+            lines.append(f"{stat.size / 2**20:8.1f} MiB {stat.count:9d} blocks")
+            lines.extend(f"      {line}" for line in stat.traceback.format()[-8:])
+        with open(self.path, "a") as f:
+            f.write("\n".join(lines) + "\n\n")
+
+
 def run_child(params_path: str) -> int:
     """The culler as the Deployment runs it: list+watch, a cold cycle, then one cycle per check period."""
     params = json.loads(Path(params_path).read_text())
     spec = FleetSpec(**params["spec"])
+    traced = _Traced(params.get("tracemalloc"))
     import yaml
 
     from kf_culler.config import load_mapping
@@ -264,6 +291,7 @@ def run_child(params_path: str) -> int:
         log(f"replica {index}: holding shards {shards_held} of {settings.operations.shards}")
     cpu0, t0 = time.process_time(), time.monotonic()
     runner.start_cache(timeout=float(params["syncTimeout"]))
+    traced.snapshot("after the list+watch sync")
     sync = {"seconds": time.monotonic() - t0, "cpuSeconds": time.process_time() - cpu0,
             "api": dict(counting.snapshot()), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0)}
 
@@ -327,6 +355,8 @@ def run_child(params_path: str) -> int:
             Path(params["profile"]).write_text(profile_text)
         else:
             cycles.append(measured(f"steady {k}"))
+            if k in (1, 3):
+                traced.snapshot(f"after steady cycle {k}")
         k += 1
     time.sleep(max(0.0, deadline - time.monotonic()))
     window = time.monotonic() - steady_start
@@ -452,7 +482,7 @@ class Bench:
         self.report["config"]["urls"] = config.get("urls", "default (Service DNS, port 80)")
         params = {"spec": asdict(spec), "config": str(self.dir / "config.yaml"), "kubeconfig": str(c.kubeconfig),
                   "steadyMinutes": a.steady_minutes, "control": f"{base}/control", "out": str(self.dir / "ours.json"),
-                  "syncTimeout": 600, "profile": a.profile}
+                  "syncTimeout": 600, "profile": a.profile, "tracemalloc": a.tracemalloc}
         (self.dir / "params.json").write_text(json.dumps(params))
         before = apiserver_counts(c.server, *tls)
         srv0 = _get_json(f"{base}/stats")
@@ -729,6 +759,8 @@ def main() -> int:
     p.add_argument("--kubeflow-cull-idle-time", type=int, default=100000)
     p.add_argument("--notebook-controller", help="the notebook-controller binary (default: the build cache)")
     p.add_argument("--profile", help="profile one steady cycle with pyinstrument into this text file")
+    p.add_argument("--tracemalloc", help="trace allocations: the largest after the sync and after steady cycles "
+                                         "1 and 3, into this text file (slows the culler)")
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--culler-child", help=argparse.SUPPRESS)
