@@ -305,13 +305,14 @@ def run_child(params_path: str) -> int:
             "probes": sum(len(r.calls) for r in result.results),
             "probeErrors": sum(1 for r in result.results for c in r.calls if c.error),
             "notebooks": len(result.results), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0),
-            "load": loadavg(),
+            "load": loadavg(), "phases": result.phases,
         }
         out["apiRequests"] = sum(v for k, v in out["api"].items() if "(" not in k)
         out["apiWrites"] = writes_of({k: v for k, v in out["api"].items() if "(" not in k})
         log(f"{label}: {out['wallSeconds']:.2f} s wall, {out['cpuSeconds']:.2f} s CPU, "
             f"{out['apiRequests']} API requests ({out['apiWrites']} writes), {out['probes']} probes, "
-            f"{out['prometheusQueries']} Prometheus queries, RSS {out['rssMiB']:.0f} MiB, load {out['load']}")
+            f"{out['prometheusQueries']} Prometheus queries, RSS {out['rssMiB']:.0f} MiB, load {out['load']}; "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in result.phases.items()))
         return out
 
     cycles: list[dict[str, Any]] = []

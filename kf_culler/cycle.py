@@ -65,6 +65,7 @@ class CycleResult:
     results: list[NotebookResult]
     bulk_queries: int = 0
     interrupted: bool = False
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: select, gather, apply
 
 
 @dataclass
@@ -142,11 +143,13 @@ class Cycle:
                 pod_name = ((pod or {}).get("metadata") or {}).get("name")
                 requests.append(Request(key[0], key[1], pod_name, SERVER_SOURCES.get(view.server_type),
                                         view.gpus > 0))
+            t_gather = time.monotonic()
             with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
                 gathered = run_async(gather(requests, self.settings.operations, started, self.gpu,
                                             self.rstudio)) if requests else Gathered()
                 gspan.set_attribute("kf_culler.probed", len(requests))
                 gspan.set_attribute("kf_culler.bulk_queries", gathered.bulk_queries)
+            t_apply = time.monotonic()
             now = self.clock()
             results: list[NotebookResult] = []
             interrupted = False
@@ -169,7 +172,9 @@ class Cycle:
                     if self.on_result is not None:
                         self.on_result(result)
             span.set_attribute("kf_culler.interrupted", interrupted)
-        return CycleResult(started, now, time.monotonic() - t0, results, gathered.bulk_queries, interrupted)
+        t_end = time.monotonic()
+        phases = {"select": t_gather - t0, "gather": t_apply - t_gather, "apply": t_end - t_apply}
+        return CycleResult(started, now, t_end - t0, results, gathered.bulk_queries, interrupted, phases)
 
     def _one(self, nb: dict[str, Any], view: NotebookView, pre: dict[tuple[str, str], Verdict],
              gathered: Gathered, now: datetime) -> NotebookResult | None:

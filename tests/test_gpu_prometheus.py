@@ -16,8 +16,8 @@ the HTTP API documented at prometheus.io/docs/prometheus/latest/querying/api/ (r
 
 from __future__ import annotations
 
-import itertools
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -124,11 +124,13 @@ def test_samples_per_pod_in_both_label_styles(cluster: Prometheus) -> None:
     assert answers[("team-z", "absent-0")] == {"error": "no GPU series for pod"}
     # the exporter's own pod holds no GPU series of its own
     assert answers[("gpu-operator", "nvidia-dcgm-exporter-x7k2p")] == {"error": "no GPU series for pod"}
+    # The stand-in exporter's values never change: its points (one a step) come as the two ends of one
+    # run of equal values (kf_culler.sources.gpu.runs), on the 1-second step grid, the newest recent.
     samples = answers[SINGLE]["samples"]
-    assert len(samples) >= 3
+    assert answers[SINGLE]["points"] >= 3 and len(samples) == 2
     times = [datetime.fromisoformat(s["time"]) for s in samples]
-    assert times == sorted(times)
-    assert all((b - a).total_seconds() == 1 for a, b in itertools.pairwise(times))
+    assert times[0] < times[1] and all(t.microsecond == 0 for t in times)
+    assert (times[1] - times[0]).total_seconds() == answers[SINGLE]["points"] - 1
     assert (now() - times[-1]).total_seconds() < 30
 
 
@@ -264,3 +266,65 @@ def test_tls_with_a_ca_file_and_insecure_skip_verify(prometheus_binary: str, tmp
 def test_not_configured() -> None:
     answers, queries = PrometheusGpu(PrometheusSettings()).samples([SINGLE], now())
     assert queries == 0 and "no Prometheus URL" in answers[SINGLE]["error"]
+
+
+class Recording(PrometheusGpu):
+    """PrometheusGpu that notes the time range of each range query it makes."""
+
+    def __init__(self, settings: PrometheusSettings) -> None:
+        super().__init__(settings)
+        self.ranges: list[tuple[float, float]] = []
+        real = self.client.query_range
+
+        def query_range(expr: str, start: datetime, end: datetime, step: float) -> Any:
+            self.ranges.append((start.timestamp(), end.timestamp()))
+            return real(expr, start, end, step)
+
+        self.client.query_range = query_range  # type: ignore[method-assign]
+
+
+def test_later_calls_read_only_what_is_new_and_answer_as_a_fresh_source(cluster: Prometheus) -> None:
+    """The source keeps the look-back between calls: a later call asks Prometheus only for the overlap
+    window (5 min) back from what it read last, and answers exactly what a new source reading the whole
+    look-back answers at the same moment."""
+    settings = PrometheusSettings.model_validate(
+        {"url": cluster.url, "lookbackMinutes": 40, "stepSeconds": 1, "timeoutSeconds": 5})
+    kept = Recording(settings)
+    asked = [SINGLE, MULTI, ENGINE, HALF, RENAMED, ("team-z", "absent-0"), *BULK[:5]]
+    first, queries = kept.samples(asked, now())
+    assert queries == 3  # 40 min in slices of at most 15 min
+    assert [round(b - a) for a, b in kept.ranges] == [900, 900, 598]
+    first_end = kept.ranges[-1][1]
+    time.sleep(2.5)
+    at = now()
+    later, queries = kept.samples(asked, at)
+    assert queries == 1
+    start, end = kept.ranges[-1]
+    assert end == float(int(at.timestamp())) and start == first_end - 300  # what is new, and the overlap again
+    fresh, _ = Recording(settings).samples(asked, at)
+    assert later == fresh
+    assert later[SINGLE]["points"] > first[SINGLE]["points"]  # the new points were added
+    assert later[("team-z", "absent-0")] == {"error": "no GPU series for pod"}
+    assert "no time stamp with both" in later[HALF]["error"]
+
+
+def test_points_past_the_look_back_are_dropped() -> None:
+    """Points older than the look-back leave the history; a pod whose points all left it is unknown."""
+    src = PrometheusGpu(PrometheusSettings.model_validate({"url": "http://127.0.0.1:9", "lookbackMinutes": 2,
+                                                           "stepSeconds": 60}))
+    calls: list[float] = []
+    t0 = 1_800_000_000.0
+
+    def fetch(a: float, b: float) -> tuple[dict[Any, Any], set[str]]:
+        calls.append(a)
+        series = {"DCGM_FI_DEV_GPU_UTIL": {t: 0.0 for t in range(int(a), int(b) + 1, 60)},
+                  "DCGM_FI_DEV_FB_USED": {t: 0.0 for t in range(int(a), int(b) + 1, 60)}}
+        pods = {SINGLE: {("n", "GPU-0", ""): series}} if a < t0 + 120 else {}
+        return pods, {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"}
+
+    src._fetch = fetch  # type: ignore[method-assign]
+    at = datetime.fromtimestamp(t0 + 60, tz=UTC)
+    answers, _ = src.samples([SINGLE], at)
+    assert answers[SINGLE]["points"] == 3  # t0 - 60, t0, t0 + 60
+    answers, _ = src.samples([SINGLE], datetime.fromtimestamp(t0 + 1200, tz=UTC))
+    assert answers[SINGLE] == {"error": "no GPU series for pod"}
