@@ -87,6 +87,9 @@ class Cycle:
     # A namespace's labels (kf_culler/kube/namespaces.py) for policy rules with a namespaceSelector; it
     # answers None when they are unknown. Not set: no namespaceSelector matches.
     namespace_labels: Callable[[str], Mapping[str, str] | None] | None = None
+    # Notebooks whose probes were slow in the previous pass: asked first (gather.slow_first), and replaced
+    # by this pass's after its gather.
+    slow: set[tuple[str, str]] = field(default_factory=set)
     _policies: dict[tuple[str, str], tuple[Policy, str]] = field(default_factory=dict, repr=False)
 
     def choose(self, nb: dict[str, Any], pod: dict[str, Any] | None) -> tuple[Policy, str]:
@@ -146,7 +149,9 @@ class Cycle:
             t_gather = time.monotonic()
             with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
                 gathered = run_async(gather(requests, self.settings.operations, started, self.gpu,
-                                            self.rstudio)) if requests else Gathered()
+                                            self.rstudio, self.slow)) if requests else Gathered()
+                self.slow.clear()
+                self.slow.update(gathered.slow)
                 gspan.set_attribute("kf_culler.probed", len(requests))
                 gspan.set_attribute("kf_culler.bulk_queries", gathered.bulk_queries)
             t_apply = time.monotonic()

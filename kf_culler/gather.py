@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -31,11 +31,27 @@ class Request:
     gpu: bool
 
 
+SLOW_SECONDS = 1.0  # a notebook whose probes took longer is asked first in the next pass
+
+
 @dataclass
 class Gathered:
     observations: dict[Key, dict[str, Any]] = field(default_factory=dict)
     calls: dict[Key, list[Call]] = field(default_factory=dict)
     bulk_queries: int = 0
+    slow: set[Key] = field(default_factory=set)  # notebooks whose probes took over SLOW_SECONDS
+
+
+def slow_first(requests: Sequence[Request], slow: Set[Key]) -> list[Request]:
+    """The requests with the notebooks that were slow last pass first, each group in its own order.
+
+    A hanging endpoint holds its worker for the whole probe budget. Started last, it would add that
+    budget to the end of the pass; started first, its wait overlaps the probing of everything else.
+    """
+    if not slow:
+        return list(requests)
+    first = [r for r in requests if (r.namespace, r.name) in slow]
+    return first + [r for r in requests if (r.namespace, r.name) not in slow]
 
 
 def url_for(template: str, namespace: str, name: str, cluster_domain: str) -> str | None:
@@ -78,11 +94,13 @@ async def _probe_all(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request])
 
 
 async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
-                 gpu: BulkSource | None = None, rstudio: BulkSource | None = None) -> Gathered:
+                 gpu: BulkSource | None = None, rstudio: BulkSource | None = None,
+                 slow: Set[Key] = frozenset()) -> Gathered:
+    """Observations of every request; `slow`: the notebooks to ask first (`slow_first`)."""
     out = Gathered()
     fetcher = Fetcher.open(ops.probe, ops.concurrency)
     try:
-        http_reqs = [r for r in requests if r.source in ("jupyter", "codeServer")]
+        http_reqs = slow_first([r for r in requests if r.source in ("jupyter", "codeServer")], slow)
         wanted: list[tuple[str, BulkSource | None, list[Request]]] = [
             ("gpu", gpu, [r for r in requests if r.pod and r.gpu]),
             ("rstudio", rstudio, [r for r in requests if r.pod and r.source == "rstudio"]),
@@ -98,6 +116,8 @@ async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
             if answer is not None:
                 out.observations.setdefault((r.namespace, r.name), {})[r.source or ""] = answer
             out.calls[(r.namespace, r.name)] = calls
+            if sum(c.seconds for c in calls) > SLOW_SECONDS:
+                out.slow.add((r.namespace, r.name))
         for (name, _, reqs), (answers, queries) in zip(bulk_reqs, bulk_results, strict=True):
             out.bulk_queries += queries
             for r in reqs:

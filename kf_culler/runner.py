@@ -75,6 +75,7 @@ class Runner:
     namespace_labels: Any = None  # kf_culler.kube.namespaces.NamespaceLabels, made when rules need it
     policies: PolicyKeeper | None = None  # kf-culler-probes per namespace (istio.manageAuthorizationPolicies)
     clock: Clock = utcnow  # where each pass reads the time (tests and replays set it)
+    slow: set[tuple[str, str]] = field(default_factory=set)  # notebooks slow to answer last pass
     last_cycle_end: float = 0.0
     cycles: int = 0
 
@@ -86,6 +87,7 @@ class Runner:
         cycle = Cycle(self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write,
                       on_result=self.on_result, on_observed=self.on_observed, owns=self.owns, clock=self.clock)
         cycle.notifier = self.notifier if writer is not None else None
+        cycle.slow = self.slow
         if self.settings.needs_namespace_labels:
             if self.namespace_labels is None:
                 from kf_culler.kube.namespaces import NamespaceLabels
