@@ -9,7 +9,8 @@
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_INPUT=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    MALLOC_ARENA_MAX=2
 WORKDIR /src
 COPY pyproject.toml ./
 COPY kf_culler ./kf_culler
@@ -23,7 +24,8 @@ LABEL org.opencontainers.image.title="kf-culler" \
 COPY --from=build /opt/kf-culler /opt/kf-culler
 ENV PATH=/opt/kf-culler/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    MALLOC_ARENA_MAX=2
 # A numeric, unprivileged user (the conventional "nonroot" id), so that runAsNonRoot can verify it.
 USER 65532:65532
 EXPOSE 9090

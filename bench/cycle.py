@@ -213,14 +213,14 @@ class CountingApi:
 
 
 class _Traced:
-    """tracemalloc snapshots of the culler: the 25 largest allocation sites, each with its traceback."""
+    """tracemalloc snapshots of the culler: the 30 largest allocation sites (file and line)."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
         if path:
             import tracemalloc
 
-            tracemalloc.start(8)
+            tracemalloc.start(1)
             Path(path).write_text("")
 
     def snapshot(self, label: str) -> None:
@@ -231,9 +231,9 @@ class _Traced:
         snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
         total = sum(s.size for s in snap.statistics("filename"))
         lines = [f"== {label}: {total / 2**20:.1f} MiB traced, RSS {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB"]
-        for stat in snap.statistics("traceback")[:25]:
-            lines.append(f"{stat.size / 2**20:8.1f} MiB {stat.count:9d} blocks")
-            lines.extend(f"      {line}" for line in stat.traceback.format()[-8:])
+        for stat in snap.statistics("lineno")[:30]:
+            frame = stat.traceback[0]
+            lines.append(f"{stat.size / 2**20:8.1f} MiB {stat.count:9d} blocks  {frame.filename}:{frame.lineno}")
         with open(self.path, "a") as f:
             f.write("\n".join(lines) + "\n\n")
 
@@ -290,7 +290,9 @@ def run_child(params_path: str) -> int:
         shards_held = manager.held()
         log(f"replica {index}: holding shards {shards_held} of {settings.operations.shards}")
     cpu0, t0 = time.process_time(), time.monotonic()
+    log(f"RSS before the list+watch sync {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB")
     runner.start_cache(timeout=float(params["syncTimeout"]))
+    log(f"RSS after it {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB")
     traced.snapshot("after the list+watch sync")
     sync = {"seconds": time.monotonic() - t0, "cpuSeconds": time.process_time() - cpu0,
             "api": dict(counting.snapshot()), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0)}
@@ -497,7 +499,8 @@ class Bench:
                     "out": str(self.dir / ("ours.json" if k == 0 else f"ours-{k}.json"))}))
             children[name] = self.start(name, [sys.executable, str(Path(__file__).resolve()), "--culler-child",
                                                str(self.dir / (f"params-{k}.json" if a.replicas > 1
-                                                               else "params.json"))])
+                                                               else "params.json"))],
+                                        env={**os.environ, "MALLOC_ARENA_MAX": "2"})  # as the image sets it
         limit = time.monotonic() + a.steady_minutes * 60 + 900
         while any(ch.poll() is None for ch in children.values()) and time.monotonic() < limit:
             time.sleep(1.0)
@@ -760,8 +763,8 @@ def main() -> int:
     p.add_argument("--kubeflow-cull-idle-time", type=int, default=100000)
     p.add_argument("--notebook-controller", help="the notebook-controller binary (default: the build cache)")
     p.add_argument("--profile", help="profile one steady cycle with pyinstrument into this text file")
-    p.add_argument("--tracemalloc", help="trace allocations: the largest after the sync and after steady cycles "
-                                         "1 and 3, into this text file (slows the culler)")
+    p.add_argument("--tracemalloc", help="trace allocations: the largest sites after the sync and after steady "
+                                         "cycles 1 and 3, into this text file (slows the culler)")
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--culler-child", help=argparse.SUPPRESS)

@@ -15,6 +15,7 @@ from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, utcnow
 from kf_culler.kube.cache import ClusterCache
 from kf_culler.kube.istio import PolicyKeeper
 from kf_culler.kube.writer import Writer
+from kf_culler.memory import settle as settle_memory
 from kf_culler.sources.bulk import BulkSource
 
 log = logging.getLogger("kf_culler")
@@ -122,11 +123,9 @@ class Runner:
     def once(self) -> CycleResult:
         cache = self.cache or self.start_cache()
         cycle = self.build_cycle()
+        cycle.on_written = cache.record_notebook
         snapshot = cache.snapshot()
         result = cycle.run(snapshot)
-        for r in result.results:
-            if r.write is not None and r.write.notebook is not None:
-                cache.record_notebook(r.write.notebook)
         if self.policies is None:
             self.policies = PolicyKeeper.for_settings(self.settings, self.api, self.dry_run)
         self.policies.after_pass(snapshot, self.may_write, self.owns or (lambda _ns: True))
@@ -134,6 +133,7 @@ class Runner:
         self.last_cycle_end = time.monotonic()
         if self.on_cycle is not None:
             self.on_cycle(result)
+        settle_memory()  # kf_culler/memory.py
         return result
 
     def loop(self, max_cycles: int | None = None) -> None:
