@@ -92,9 +92,16 @@ def test_idle_stopped_busy_kept_foreign_stop_untouched(api: Any, namespace: str,
     runner = Runner(settings_for(router, namespace), api)
     with runner:
         result = runner.once()
+        assert runner.cache is not None
+        cached = {nb["metadata"]["name"]: nb for nb, _ in runner.cache.snapshot()}
     by_name = {r.name: r for r in result.results}
     assert by_name["nb-busy"].verdict.state == "active"
     assert by_name["nb-idle"].verdict.action == "stop", by_name["nb-idle"].verdict.reason
+    # The patched notebook went to the cache as it was written (Cycle.on_written), not held by the result.
+    write = by_name["nb-idle"].write
+    assert write is not None and write.outcome == "patched" and write.notebook is None
+    assert STOP_ANNOTATION in cached["nb-idle"]["metadata"]["annotations"]
+    assert "managedFields" not in cached["nb-idle"]["metadata"]
 
     idle = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["annotations"]
     assert RFC3339_UTC.match(idle[STOP_ANNOTATION])
