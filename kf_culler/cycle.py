@@ -91,7 +91,7 @@ class Cycle:
     # A namespace's labels (kf_culler/kube/namespaces.py) for policy rules with a namespaceSelector; it
     # answers None when they are unknown. Not set: no namespaceSelector matches.
     namespace_labels: Callable[[str], Mapping[str, str] | None] | None = None
-    # Notebooks whose probes were slow in the previous pass: asked first (gather.slow_first), and replaced
+    # Notebooks whose probes were slow in the previous pass: probed by workers of their own (gather), replaced
     # by this pass's after its gather.
     slow: set[tuple[str, str]] = field(default_factory=set)
     _policies: dict[tuple[str, str], tuple[Policy, str]] = field(default_factory=dict, repr=False)

@@ -31,7 +31,7 @@ class Request:
     gpu: bool
 
 
-SLOW_SECONDS = 1.0  # a notebook whose probes took longer is asked first in the next pass
+SLOW_SECONDS = 1.0  # a notebook whose probes took longer gets a worker of the slow set next pass
 
 
 @dataclass
@@ -42,16 +42,10 @@ class Gathered:
     slow: set[Key] = field(default_factory=set)  # notebooks whose probes took over SLOW_SECONDS
 
 
-def slow_first(requests: Sequence[Request], slow: Set[Key]) -> list[Request]:
-    """The requests with the notebooks that were slow last pass first, each group in its own order.
-
-    A hanging endpoint holds its worker for the whole probe budget. Started last, it would add that
-    budget to the end of the pass; started first, its wait overlaps the probing of everything else.
-    """
-    if not slow:
-        return list(requests)
+def split_slow(requests: Sequence[Request], slow: Set[Key]) -> tuple[list[Request], list[Request]]:
+    """(requests of notebooks that were slow last pass, the others), each in its own order."""
     first = [r for r in requests if (r.namespace, r.name) in slow]
-    return first + [r for r in requests if (r.namespace, r.name) not in slow]
+    return first, [r for r in requests if (r.namespace, r.name) not in slow]
 
 
 def url_for(template: str, namespace: str, name: str, cluster_domain: str) -> str | None:
@@ -93,14 +87,28 @@ async def _probe_all(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request])
     return results
 
 
+async def _probe_split(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request],
+                       slow: Set[Key]) -> list[ProbeResult]:
+    """`_probe_all`, with the notebooks that were slow last pass in a second set of workers of their own
+    (at most `concurrency`): a hanging endpoint holds its worker for the whole probe budget, and 500
+    of them would otherwise hold nearly every worker while the answering notebooks wait."""
+    slow_reqs, others = split_slow(reqs, slow)
+    if not slow_reqs:
+        return await _probe_all(fetcher, ops, reqs)
+    got_slow, got_others = await asyncio.gather(_probe_all(fetcher, ops, slow_reqs),
+                                                _probe_all(fetcher, ops, others))
+    by_key = {(r.namespace, r.name): res for r, res in zip(slow_reqs + others, got_slow + got_others, strict=True)}
+    return [by_key[(r.namespace, r.name)] for r in reqs]
+
+
 async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
                  gpu: BulkSource | None = None, rstudio: BulkSource | None = None,
                  slow: Set[Key] = frozenset()) -> Gathered:
-    """Observations of every request; `slow`: the notebooks to ask first (`slow_first`)."""
+    """Observations of every request; `slow`: the notebooks slow to answer last pass (`_probe_split`)."""
     out = Gathered()
     fetcher = Fetcher.open(ops.probe, ops.concurrency)
     try:
-        http_reqs = slow_first([r for r in requests if r.source in ("jupyter", "codeServer")], slow)
+        http_reqs = [r for r in requests if r.source in ("jupyter", "codeServer")]
         wanted: list[tuple[str, BulkSource | None, list[Request]]] = [
             ("gpu", gpu, [r for r in requests if r.pod and r.gpu]),
             ("rstudio", rstudio, [r for r in requests if r.pod and r.source == "rstudio"]),
@@ -109,7 +117,7 @@ async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
         bulk_calls = [asyncio.to_thread(_bulk, src, [(r.namespace, r.pod or "") for r in reqs], now)
                       for _, src, reqs in bulk_reqs]
         probe_results, bulk_results = await asyncio.gather(
-            _probe_all(fetcher, ops, http_reqs),
+            _probe_split(fetcher, ops, http_reqs, slow),
             asyncio.gather(*bulk_calls),
         )
         for r, (answer, calls) in zip(http_reqs, probe_results, strict=True):

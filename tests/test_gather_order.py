@@ -1,11 +1,10 @@
-"""Notebooks slow to answer in one pass are asked first in the next (kf_culler.gather.slow_first): a
-hanging endpoint's probe budget then overlaps the probing of the others instead of ending the pass.
+"""Notebooks slow to answer in one pass get workers of their own in the next (kf_culler.gather): a hanging
+endpoint's probe budget then never holds a worker the answering notebooks need.
 Against the loopback fault server (tests/support/faulty.py): `hang` never answers, `ok` answers idle."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -13,7 +12,7 @@ import pytest
 from support.faulty import FaultyServer
 
 from kf_culler.config import Operations
-from kf_culler.gather import Gathered, Request, gather, slow_first
+from kf_culler.gather import Gathered, Request, gather, split_slow
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +23,7 @@ def faulty() -> Iterator[FaultyServer]:
 
 def ops(faulty: FaultyServer) -> Operations:
     return Operations.model_validate({
-        "concurrency": 1, "probe": {"timeoutSeconds": 1, "connectTimeoutSeconds": 1, "retries": 0},
+        "concurrency": 1, "probe": {"timeoutSeconds": 3, "connectTimeoutSeconds": 1, "retries": 0},
         "urls": {"jupyter": faulty.base + "/{name}/", "codeServer": faulty.base + "/{name}/"}})
 
 
@@ -32,31 +31,33 @@ def reqs(*names: str) -> list[Request]:
     return [Request("team-a", n, f"{n}-0", "jupyter", False) for n in names]
 
 
-def test_slow_first_keeps_each_group_in_its_order() -> None:
+def test_split_slow_keeps_each_group_in_its_order() -> None:
     asked = reqs("a-ok", "b-hang", "c-ok", "d-hang")
-    assert slow_first(asked, set()) == asked
-    order = [r.name for r in slow_first(asked, {("team-a", "d-hang"), ("team-a", "b-hang")})]
-    assert order == ["b-hang", "d-hang", "a-ok", "c-ok"]
+    assert split_slow(asked, set()) == ([], asked)
+    slow, others = split_slow(asked, {("team-a", "d-hang"), ("team-a", "b-hang")})
+    assert [r.name for r in slow] == ["b-hang", "d-hang"] and [r.name for r in others] == ["a-ok", "c-ok"]
 
 
-def test_a_hanging_notebook_is_marked_slow_and_asked_first_next_pass(faulty: FaultyServer) -> None:
-    asked = reqs("a-ok", "b-ok", "c-hang")
+def test_a_hanging_notebook_is_marked_slow_and_holds_no_worker_next_pass(faulty: FaultyServer) -> None:
+    """One worker (`concurrency: 1`): in the first pass the answering notebooks wait behind the hanging
+    one; once it is known slow, both answering notebooks are asked while it still hangs."""
+    asked = reqs("c-hang", "a-ok", "b-ok")
 
-    def one_pass(slow: set[tuple[str, str]]) -> tuple[Gathered, list[str]]:
+    async def one_pass(slow: set[tuple[str, str]]) -> tuple[Gathered, bool]:
         before = len(faulty.seen)
-        got = asyncio.run(gather(asked, ops(faulty), datetime.now(UTC), slow=slow))
-        time.sleep(0.2)
-        firsts: list[str] = []
-        for seen in faulty.seen[before:]:
-            name = seen.path.split("/")[1]
-            if name not in firsts:
-                firsts.append(name)
-        return got, firsts
+        task = asyncio.ensure_future(gather(asked, ops(faulty), datetime.now(UTC), slow=slow))
+        # every request of the pass but the hanging one's: c-hang's api/status, then 3 for each ok notebook
+        while len(faulty.seen) - before < 7 and not task.done():
+            await asyncio.sleep(0.02)
+        others_while_hanging = not task.done()
+        return await task, others_while_hanging
 
-    first, order = one_pass(set())
-    assert order == ["a-ok", "b-ok", "c-hang"]  # one worker: in the order asked
-    assert first.slow == {("team-a", "c-hang")}  # a timeout took the whole 1 s budget
+    first, overlapped = asyncio.run(one_pass(set()))
+    assert not overlapped  # the ok notebooks were asked only after the hanging probe gave up
+    assert first.slow == {("team-a", "c-hang")}  # a timeout took the whole budget
     assert "error" in first.observations[("team-a", "c-hang")]["jupyter"]
-    second, order = one_pass(first.slow)
-    assert order == ["c-hang", "a-ok", "b-ok"]
+    second, overlapped = asyncio.run(one_pass(first.slow))
+    assert overlapped  # both ok notebooks were read while the hanging one was still being waited for
     assert second.observations[("team-a", "a-ok")]["jupyter"]["kernels"] == []
+    assert "error" in second.observations[("team-a", "c-hang")]["jupyter"]
+    assert second.slow == {("team-a", "c-hang")}
