@@ -37,10 +37,26 @@ def utcnow() -> datetime:
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run one pass's gather on uvloop: libuv's event loop and its C name resolution cost a fraction of
-    asyncio's own per request (docs/performance.md)."""
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
+    """Run one pass's gather on a uvloop event loop of its own.
+
+    Not asyncio.run/asyncio.Runner: in the main thread those take SIGINT over for the run, cancel the
+    task and raise KeyboardInterrupt only if the task ends cancelled; a task that completes anyway
+    (the cancellation meeting a probe's own timeout) swallows Ctrl-C. Here SIGINT stays Python's:
+    KeyboardInterrupt leaves the loop, what is left of the gather is cancelled and the loop closed.
+    """
+    loop = uvloop.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
 
 
 @dataclass
@@ -229,14 +245,14 @@ class Cycle:
                         return may_write() and (owns is None or owns(ns))
 
                     result.write = self.writer.apply(nb, result.plan, replan, now, allowed)
-                    if self.on_written is not None and result.write.notebook is not None:
-                        self.on_written(result.write.notebook)
-                        result.write.notebook = None
                     aspan.set_attributes({"kf_culler.write": result.write.outcome,
                                           "kf_culler.conflicts": result.write.conflicts,
                                           "kf_culler.event": result.write.event or "none"})
                     if self.notifier is not None:
-                        self.notifier.offer_result(result)
+                        self.notifier.offer_result(result)  # reads the written notebook: before it goes
+                    if self.on_written is not None and result.write.notebook is not None:
+                        self.on_written(result.write.notebook)
+                        result.write.notebook = None
             return result
 
 

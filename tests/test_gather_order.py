@@ -61,3 +61,28 @@ def test_a_hanging_notebook_is_marked_slow_and_holds_no_worker_next_pass(faulty:
     assert second.observations[("team-a", "a-ok")]["jupyter"]["kernels"] == []
     assert "error" in second.observations[("team-a", "c-hang")]["jupyter"]
     assert second.slow == {("team-a", "c-hang")}
+
+
+def test_ctrl_c_during_a_gather_leaves_it_at_once(faulty: FaultyServer) -> None:
+    """SIGINT while a pass waits on a hanging endpoint raises KeyboardInterrupt out of the pass's loop (the
+    demo's Ctrl-C), and the loop is closed with nothing of the gather left running."""
+    import os
+    import signal
+    import threading
+
+    from kf_culler.cycle import run_async
+
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def probe_hanging() -> Gathered:
+        loops.append(asyncio.get_running_loop())
+        return await gather(reqs("z-hang"), ops(faulty), datetime.now(UTC))
+
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_async(probe_hanging())  # the hang lasts the 3 s budget; Ctrl-C comes after 0.5 s
+    finally:
+        timer.cancel()
+    assert loops and loops[0].is_closed()

@@ -34,7 +34,7 @@ def test_runs_keep_what_the_rules_read(points: list[Point], util: float, mem: fl
 def test_an_idle_look_back_is_two_samples_and_a_change_keeps_both_sides() -> None:
     idle = [(1_800_000_000.0 + 60 * i, 0.0, 0.0) for i in range(70)]
     assert runs(idle) == [idle[0], idle[-1]]
-    worked = idle[:30] + [(idle[30][0], 90.0, 8000.0)] + idle[31:]
+    worked = [*idle[:30], (idle[30][0], 90.0, 8000.0), *idle[31:]]
     assert runs(worked) == [idle[0], idle[29], worked[30], idle[31], idle[-1]]
     a = answer(idle, 1, "prometheus")
     assert a["points"] == 70 and [s["time"] for s in a["samples"]] == ["2027-01-15T08:00:00Z", "2027-01-15T09:09:00Z"]
