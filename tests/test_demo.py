@@ -81,8 +81,11 @@ def test_demo_stops_the_idle_notebook_and_cleans_up() -> None:
 @pytest.mark.slow
 def test_demo_interrupted_leaves_nothing_running() -> None:
     mark, env = demo_env()
+    # Ctrl-C as in a terminal: a test run started in the background (`nohup ... &`, no job control)
+    # inherits SIGINT ignored, and so would the demo; give it SIGINT's default back.
     proc = subprocess.Popen([sys.executable, "-m", "kf_culler", "demo", "--idle-seconds", "600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     seen = []
     deadline = time.monotonic() + 300
