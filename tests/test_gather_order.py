@@ -78,6 +78,8 @@ def test_ctrl_c_during_a_gather_leaves_it_at_once(faulty: FaultyServer) -> None:
         loops.append(asyncio.get_running_loop())
         return await gather(reqs("z-hang"), ops(faulty), datetime.now(UTC))
 
+    # SIGINT as in a terminal (a background test run may have inherited it ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -85,4 +87,5 @@ def test_ctrl_c_during_a_gather_leaves_it_at_once(faulty: FaultyServer) -> None:
             run_async(probe_hanging())  # the hang lasts the 3 s budget; Ctrl-C comes after 0.5 s
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert loops and loops[0].is_closed()
