@@ -508,7 +508,7 @@ class Bench:
             if child.poll() is None:
                 raise RuntimeError(f"the {name} child did not finish in time:\n" + self.tail(name))
             if child.returncode != 0:
-                raise RuntimeError(f"the {name} child failed:\n{self.tail(name)}")
+                raise RuntimeError(f"the {name} child failed (exit status {child.returncode}):\n{self.tail(name)}")
         ours = json.loads((self.dir / "ours.json").read_text())
         if a.replicas > 1:
             self.report["replicas"] = [ours] + [json.loads((self.dir / f"ours-{k}.json").read_text())
