@@ -40,9 +40,9 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run one pass's gather on a uvloop event loop of its own.
 
     Not asyncio.run/asyncio.Runner: in the main thread those take SIGINT over for the run, cancel the
-    task and raise KeyboardInterrupt only if the task ends cancelled; a task that completes anyway
-    (the cancellation meeting a probe's own timeout) swallows Ctrl-C. Here SIGINT stays Python's:
-    KeyboardInterrupt leaves the loop, what is left of the gather is cancelled and the loop closed.
+    task and raise KeyboardInterrupt only if the task ends cancelled, so a task that completed anyway
+    would swallow Ctrl-C. Here SIGINT stays Python's: KeyboardInterrupt leaves the loop, what is left
+    of the gather is cancelled and the loop closed.
     """
     loop = uvloop.new_event_loop()
     try:

@@ -8,7 +8,7 @@ heaps, less memory kept free in each. Elsewhere than glibc this does nothing.
 
 The cache of 10,000 notebooks and their pods is millions of small dicts and strings that live for
 hours. Python's cyclic collector walks all of them in each full collection, which a pass's churn
-triggers now and then (seconds of CPU at that size). After each pass `settle` collects once, then
+triggers now and then. After each pass `settle` collects once, then
 freezes what is left (`gc.freeze`): those objects are still freed by reference counting when the
 culler drops them, but the collector no longer walks them. What the culler keeps holds no reference
 cycles (JSON dicts, lists, strings, numbers).
