@@ -25,9 +25,6 @@ import httptools
 from kf_culler.config import ProbeSettings
 from kf_culler.errors import Permanent, Transient
 
-REQUESTS_PER_NOTEBOOK = 3  # Jupyter: api/status, api/kernels, api/terminals
-
-
 # The body of the 403 an Istio sidecar sends when an AuthorizationPolicy refuses the request (RBAC filter).
 ISTIO_DENIED_BODY = b"RBAC: access denied"
 ISTIO_DENIED = ("HTTP 403 from the Istio sidecar (RBAC: access denied): kf-culler is not allowed to probe this "
