@@ -58,14 +58,15 @@ def _settings(args: argparse.Namespace) -> Settings | None:
 
 def _runner(args: argparse.Namespace, settings: Settings) -> Runner | None:
     from kf_culler.kube.client import api_client
-    from kf_culler.runner import Runner
+    from kf_culler.runner import Runner, own_namespace
 
     try:
         api = api_client(args.kubeconfig)
     except Exception as err:
         print(f"kf-culler {args.command}: cannot load Kubernetes credentials: {err}", file=sys.stderr)
         return None
-    return Runner(settings, api, dry_run=getattr(args, "dry_run", False) or args.command != "run")
+    return Runner(settings, api, dry_run=getattr(args, "dry_run", False) or args.command != "run",
+                  records_namespace=args.culler_namespace or own_namespace())
 
 
 def _synced_runner(args: argparse.Namespace) -> Runner | int:
@@ -164,7 +165,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     runner.install_signal_handlers()
     return serve(runner, Options(
         once=args.once, metrics_address=args.metrics_address, leader_elect=args.leader_elect,
-        lease_namespace=args.lease_namespace, lease_name=args.lease_name, record=args.record,
+        lease_namespace=args.lease_namespace or args.culler_namespace, lease_name=args.lease_name, record=args.record,
         record_hash_key=args.record_hash_key, json_logs=not args.text_logs))
 
 
@@ -242,6 +243,9 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", metavar="FILE", help="configuration YAML (default: built-in defaults)")
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="kubeconfig to use (default: in-cluster service account, else ~/.kube/config)")
+    p.add_argument("--culler-namespace", metavar="NAMESPACE", default=None,
+                   help="the culler's own namespace, where it keeps its record of notebooks (ConfigMaps "
+                   "kf-culler-records-*; default: POD_NAMESPACE, else default)")
 
 
 def build_parser() -> argparse.ArgumentParser:

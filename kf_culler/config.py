@@ -76,6 +76,17 @@ class Policy(_Model):
     gpu_resources: tuple[str, ...] = Field(default=("nvidia.com/gpu",), alias="gpuResources", strict=False)
     server_type_by_image: tuple[ImageRule, ...] = Field(default=(), alias="serverTypeByImage", strict=False)
     gpu_without_metrics: GpuWithoutMetrics = Field(default="keep", alias="gpuWithoutMetrics")
+    # Rule 16: a GPU notebook whose IDE gives no signal is no longer protected once its readable GPU metrics
+    # showed no work this long. Not given: twice idleMinutes (`no_signal_gpu_idle_limit`); null: off.
+    no_signal_gpu_idle_minutes: float | None = Field(default=None, alias="noSignalGpuIdleMinutes", gt=0,
+                                                     le=TEN_YEARS_MIN)
+
+    @property
+    def no_signal_gpu_idle_limit(self) -> float | None:
+        """Rule 16's limit in minutes, or None when it is off."""
+        if "no_signal_gpu_idle_minutes" in self.model_fields_set:
+            return self.no_signal_gpu_idle_minutes
+        return 2 * self.idle_minutes
 
     def server_type_for_image(self, image: str) -> ServerType | None:
         for rule in self.server_type_by_image:

@@ -18,11 +18,13 @@ from opentelemetry import trace
 from kf_culler.config import DEFAULT_RULE, Policy, Settings
 from kf_culler.decide import decide_view, gpu_count
 from kf_culler.gather import Gathered, Request, gather
+from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer, WriteResult
-from kf_culler.model import SERVER_SOURCES, InputError, Verdict
+from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, InputError, Verdict
 from kf_culler.notebook import NotebookView
 from kf_culler.plan import Plan, plan
 from kf_culler.policy import select_for
+from kf_culler.record import CullerRecord, RecordChange, imported
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
 
@@ -110,6 +112,9 @@ class Cycle:
     # Notebooks whose probes were slow in the previous pass: probed by workers of their own (gather), replaced
     # by this pass's after its gather.
     slow: set[tuple[str, str]] = field(default_factory=set)
+    # The culler's own record of each notebook (rule 15); None: no record is read or written (every notebook
+    # is one the culler has no record of).
+    records: RecordStore | None = None
     _policies: dict[tuple[str, str], tuple[Policy, str]] = field(default_factory=dict, repr=False)
 
     def choose(self, nb: dict[str, Any], pod: dict[str, Any] | None) -> tuple[Policy, str]:
@@ -152,7 +157,7 @@ class Cycle:
                 key = (str(meta.get("namespace")), str(meta.get("name")))
                 policy, _ = self.choose(nb, pod)
                 try:
-                    view = views[key] = NotebookView.of(nb, pod, policy)  # unwrapped once per pass
+                    view = views[key] = NotebookView.of(nb, pod, policy, record=self._record_of(nb, started))
                     verdict = decide_view(view, {}, policy, started)
                 except InputError as err:
                     log.warning("skipping %s/%s: %s", *key, err)
@@ -201,6 +206,53 @@ class Cycle:
         phases = {"select": t_gather - t0, "gather": t_apply - t_gather, "apply": t_end - t_apply}
         return CycleResult(started, now, t_end - t0, results, gathered.bulk_queries, interrupted, phases)
 
+    def _record_of(self, nb: dict[str, Any], now: datetime) -> CullerRecord | None:
+        """The culler's record of the notebook's uid; for a notebook it has none of, the one-time import of the
+        old marks (kf_culler/record.py `imported`), stored with the pass's other deferred record writes."""
+        if self.records is None:
+            return None
+        meta: dict[str, Any] = nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}
+        uid = meta.get("uid")
+        if not isinstance(uid, str) or not uid:
+            return None
+        found = self.records.get(uid)
+        if found is not None:
+            return found
+        ann = meta.get("annotations")
+        old = imported(ann, now) if isinstance(ann, dict) else None
+        if old is not None and self._may_store(str(meta.get("namespace"))):
+            self.records.defer(uid, str(meta.get("namespace")), str(meta.get("name")), old)
+        return old
+
+    def _may_store(self, ns: str) -> bool:
+        return (self.writer is not None and not self.settings.operations.dry_run and self.may_write()
+                and (self.owns is None or self.owns(ns)))
+
+    def _store_record(self, nb: dict[str, Any], view: NotebookView, change: RecordChange | None) -> bool:
+        """Keep a record change (rule 15): a stop's or a restart's now, before the patch it records (False: it
+        could not be stored, and the patch must wait); others with the pass's deferred writes."""
+        uid = (nb.get("metadata") or {}).get("uid")
+        if change is None or self.records is None or not isinstance(uid, str):
+            return True
+        if not self._may_store(str(view.namespace)):
+            return True
+        if not change.before_patch:
+            self.records.defer(uid, str(view.namespace), str(view.name), change.record)
+            return True
+        return self.records.put(uid, str(view.namespace), str(view.name), change.record)
+
+    def _undo_stop_record(self, nb: dict[str, Any], view: NotebookView, result: NotebookResult) -> None:
+        """A stop recorded before its patch whose patch did not land (or, re-planned after a 409, stopped
+        nothing): the record goes back to what it was, so no restart is seen where there was no stop."""
+        change = result.plan.record if result.plan is not None else None
+        write = result.write
+        if change is None or self.records is None or write is None or result.verdict.action != "stop":
+            return
+        landed = write.outcome == "patched" and write.plan is not None and STOP_ANNOTATION in write.plan.annotations
+        if not landed:
+            uid = str((nb.get("metadata") or {}).get("uid"))
+            self.records.put(uid, str(view.namespace), str(view.name), view.record)
+
     def _one(self, nb: dict[str, Any], view: NotebookView, pre: dict[tuple[str, str], Verdict],
              gathered: Gathered, now: datetime) -> NotebookResult | None:
         ns, name, pod = str(view.namespace), str(view.name), view.pod
@@ -232,10 +284,14 @@ class Cycle:
             result = NotebookResult(ns, name, stype, view.gpus, verdict, observations, calls, trace_id=trace_id)
             step = self.settings.operations.last_activity_step_minutes
             result.plan = plan(view, verdict, now, step, trace_id)
+            if result.plan.empty:
+                self._store_record(nb, view, result.plan.record)  # e.g. runningSince, with nothing to patch
             if self.writer is not None and not self.settings.operations.dry_run and not result.plan.empty:
                 with self.tracer.start_as_current_span("kf_culler.apply") as aspan:
                     def replan(fresh: dict[str, Any]) -> Plan:
-                        fresh_view = NotebookView.of(fresh, pod, policy)
+                        fresh_view = dataclasses.replace(
+                            NotebookView.of(fresh, pod, policy, record=view.record, access_problem=view.access_problem),
+                            gpu_models=view.gpu_models)
                         return plan(fresh_view, decide_view(fresh_view, observations, policy, now), now, step,
                                     trace_id)
 
@@ -244,7 +300,12 @@ class Cycle:
                     def allowed() -> bool:
                         return may_write() and (owns is None or owns(ns))
 
-                    result.write = self.writer.apply(nb, result.plan, replan, now, allowed)
+                    if self._store_record(nb, view, result.plan.record):
+                        result.write = self.writer.apply(nb, result.plan, replan, now, allowed)
+                        self._undo_stop_record(nb, view, result)
+                    else:
+                        result.write = WriteResult("failed", plan=result.plan,
+                                                   error="the culler's record could not be stored; not written")
                     aspan.set_attributes({"kf_culler.write": result.write.outcome,
                                           "kf_culler.conflicts": result.write.conflicts,
                                           "kf_culler.event": result.write.event or "none"})

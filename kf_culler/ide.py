@@ -44,7 +44,8 @@ IDE_KINDS: tuple[IdeKind, ...] = (
 )
 BY_SERVER_TYPE: dict[str, IdeKind] = {k.server_type: k for k in IDE_KINDS}
 BY_SOURCE: dict[str, IdeKind] = {k.source: k for k in IDE_KINDS}
-DEFAULT_SERVER_TYPE = "jupyter"  # a notebook without the annotation (or a matching image rule)
+DEFAULT_SERVER_TYPE = "jupyter"  # a notebook without the annotation (or a matching image rule), or an unknown one
+KNOWN_SERVER_TYPES: frozenset[str] = frozenset(BY_SERVER_TYPE)
 
 # Derived views, for code that wants one fact only.
 SERVER_SOURCES: dict[str, str] = {k.server_type: k.source for k in IDE_KINDS}

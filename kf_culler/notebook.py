@@ -13,8 +13,9 @@ from datetime import datetime
 from typing import Any
 
 from kf_culler.config import GPU_MODEL_LABEL, Policy
-from kf_culler.ide import DEFAULT_SERVER_TYPE
+from kf_culler.ide import DEFAULT_SERVER_TYPE, KNOWN_SERVER_TYPES
 from kf_culler.model import SERVER_TYPE_ANNOTATION, InputError
+from kf_culler.record import CullerRecord
 from kf_culler.timeutil import parse_time
 
 MAX_GPUS = 1 << 20  # a sum of huge requests stays a finite count
@@ -74,30 +75,63 @@ def _quantity(value: object) -> float:
     return min(number, MAX_GPUS)
 
 
+def _pod_spec_containers(notebook: dict[str, Any], pod: dict[str, Any] | None
+                         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(containers, initContainers) of the pod, or of the notebook's pod template when there is no pod."""
+    if pod:
+        found = pod_containers(pod), containers(pod, "spec", "initContainers")
+        if found[0] or found[1]:
+            return found
+    return (template_containers(notebook),
+            containers(notebook, "spec", "template", "spec", "initContainers"))
+
+
+def _container_amount(c: dict[str, Any], resources: tuple[str, ...]) -> float:
+    """What one container asks of the resources: its limit, else its request (extended resources such as
+    GPUs must have both equal when both are given)."""
+    res = as_dict(c.get("resources"))
+    for kind in ("limits", "requests"):
+        q = as_dict(res.get(kind))
+        n = max((_quantity(q.get(r, 0)) for r in resources), default=0.0)
+        if n > 0:
+            return n
+    return 0.0
+
+
+def _is_sidecar(c: dict[str, Any]) -> bool:
+    """An init container that runs beside the others for the pod's life (a native sidecar)."""
+    return c.get("restartPolicy") == "Always"
+
+
+def effective_amount(main: list[dict[str, Any]], init: list[dict[str, Any]], resources: tuple[str, ...]) -> float:
+    """The pod's effective request of the resources, as the scheduler counts it (rule 17): the containers plus
+    every native sidecar, or, when larger, what one ordinary init container needs beside the sidecars started
+    before it."""
+    sidecars = 0.0
+    peak_init = 0.0
+    for c in init:
+        n = _container_amount(c, resources)
+        if _is_sidecar(c):
+            sidecars += n
+        else:
+            peak_init = max(peak_init, sidecars + n)
+    running = sum(_container_amount(c, resources) for c in main) + sidecars
+    return max(running, peak_init)
+
+
 def gpu_count(notebook: dict[str, Any], pod: dict[str, Any] | None, resources: tuple[str, ...]) -> int:
-    """GPUs the pod (or, without a pod, the notebook template) asks for."""
-    found = pod_containers(pod) if pod else []
-    if not found:
-        found = template_containers(notebook)
-    total = 0.0
-    for c in found:
-        res = as_dict(c.get("resources"))
-        for kind in ("limits", "requests"):
-            q = as_dict(res.get(kind))
-            n = max((_quantity(q.get(r, 0)) for r in resources), default=0.0)
-            if n > 0:
-                total += n
-                break
-    return int(min(total, MAX_GPUS))
+    """GPUs the pod (or, without a pod, the notebook template) holds: every container's, native sidecars
+    included (rule 17)."""
+    main, init = _pod_spec_containers(notebook, pod)
+    return int(min(effective_amount(main, init, resources), MAX_GPUS))
 
 
 def requested_resources(notebook: dict[str, Any], pod: dict[str, Any] | None) -> frozenset[str]:
-    """The resource names the pod (or, without a pod, the notebook template) asks for a positive amount of."""
-    found = pod_containers(pod) if pod else []
-    if not found:
-        found = template_containers(notebook)
+    """The resource names the pod (or, without a pod, the notebook template) asks for a positive amount of,
+    in any container, init containers included."""
+    main, init = _pod_spec_containers(notebook, pod)
     names: set[str] = set()
-    for c in found:
+    for c in main + init:
         res = as_dict(c.get("resources"))
         for kind in ("limits", "requests"):
             names.update(str(k) for k, v in as_dict(res.get(kind)).items() if _quantity(v) > 0)
@@ -110,9 +144,16 @@ def string_labels(obj: object) -> dict[str, str]:
     return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
 
 
+def node_gpu_model(node: object) -> tuple[str, ...]:
+    """The GPU model of a Node, from GPU feature discovery's label (rule 17); () when it has none."""
+    model = string_labels(node).get(GPU_MODEL_LABEL)
+    return (model,) if model else ()
+
+
 def gpu_models(notebook: object) -> tuple[str, ...]:
     """The GPU models the notebook's pod template asks for: the value of `nvidia.com/gpu.product` in its
-    nodeSelector, and the values of `In` terms on that key in its required node affinity."""
+    nodeSelector, and the values of `In` terms on that key in its required node affinity. Only used while
+    the pod's Node is not known: a user may choose a node by any other label (rule 17)."""
     spec = as_dict(as_dict(as_dict(notebook).get("spec")).get("template"))
     pod_spec = as_dict(spec.get("spec"))
     models: list[str] = []
@@ -132,11 +173,19 @@ def gpu_models(notebook: object) -> tuple[str, ...]:
     return tuple(dict.fromkeys(models))
 
 
-def server_type(notebook: dict[str, Any], policy: Policy) -> str:
-    """The annotation's server type, else the first container's image rule, else Jupyter (rule 4)."""
+def declared_server_type(notebook: dict[str, Any]) -> str | None:
+    """The server-type annotation as written, when it is set to a string."""
     value = checked_annotations(notebook).get(SERVER_TYPE_ANNOTATION)
-    if isinstance(value, str) and value:
-        return value
+    return value if isinstance(value, str) and value else None
+
+
+def server_type(notebook: dict[str, Any], policy: Policy) -> str:
+    """The server type the culler treats the notebook as (rule 4): the annotation's known value, else the
+    first container's image rule, else Jupyter. An unknown annotation value is Jupyter, Kubeflow's default
+    (rule 16): writing another value never turns the probe off."""
+    value = declared_server_type(notebook)
+    if value is not None:
+        return value if value in KNOWN_SERVER_TYPES else DEFAULT_SERVER_TYPE
     for c in template_containers(notebook)[:1]:
         image = c.get("image")
         if isinstance(image, str):
@@ -213,30 +262,38 @@ def pod_start(pod: object) -> datetime | None:
 
 @dataclass(frozen=True)
 class NotebookView:
-    """The facts the culler reads from one Notebook and its pod, unwrapped once."""
+    """The facts the culler reads from one Notebook, its pod, the pod's Node and its own record, unwrapped once."""
 
     namespace: str | None
     name: str | None
     annotations: Mapping[str, Any]
-    server_type: str
+    server_type: str  # the type the culler treats it as (a known one)
     gpus: int
     pod: dict[str, Any] | None
     pod_start: datetime | None  # None: no running pod (none, not Running, or being deleted)
     pod_deleting: bool
     labels: Mapping[str, str] = field(default_factory=dict)  # the Notebook's labels (policy rules)
     resources: frozenset[str] = frozenset()  # resource names requested (policy rules' gpuResources)
-    gpu_models: tuple[str, ...] = ()  # GPU models the pod template asks for (policy rules' gpuModels)
+    gpu_models: tuple[str, ...] = ()  # the Node's GPU model, else what the template asks (policy rules' gpuModels)
+    record: CullerRecord | None = None  # what the culler itself recorded about this uid (rule 15)
+    access_problem: str | None = None  # the culler's own access is confirmed missing (rule 16)
+    unknown_server_type: str | None = None  # the annotation's value when it is not a known type (rule 16)
 
     @classmethod
-    def of(cls, notebook: dict[str, Any], pod: dict[str, Any] | None, policy: Policy) -> NotebookView:
+    def of(cls, notebook: dict[str, Any], pod: dict[str, Any] | None, policy: Policy, *,
+           node: dict[str, Any] | None = None, record: CullerRecord | None = None,
+           access_problem: str | None = None) -> NotebookView:
         """The view; InputError when the objects are not a notebook and a pod (or null) at all."""
         if not isinstance(notebook, dict):
             raise InputError("notebook is not an object")
         if pod is not None and not isinstance(pod, dict):
             raise InputError("pod is neither an object nor null")
+        if node is not None and not isinstance(node, dict):
+            raise InputError("node is neither an object nor null")
         ann = checked_annotations(notebook)
         meta = metadata_of(notebook)
         ns, name = meta.get("namespace"), meta.get("name")
+        declared = declared_server_type(notebook)
         return cls(
             namespace=ns if isinstance(ns, str) else None,
             name=name if isinstance(name, str) else None,
@@ -248,7 +305,10 @@ class NotebookView:
             pod_deleting=pod_deleting(pod),
             labels=string_labels(notebook),
             resources=requested_resources(notebook, pod),
-            gpu_models=gpu_models(notebook),
+            gpu_models=node_gpu_model(node) if node is not None else gpu_models(notebook),
+            record=record,
+            access_problem=access_problem,
+            unknown_server_type=declared if declared is not None and declared not in KNOWN_SERVER_TYPES else None,
         )
 
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +23,7 @@ from kf_culler.model import (
     Verdict,
 )
 from kf_culler.notebook import NotebookView, annotations_of
+from kf_culler.record import RecordChange, next_record
 from kf_culler.timeutil import format_time, parse_time
 
 EVENT_STOP = "IdleNotebookStopped"
@@ -41,15 +42,27 @@ class EventSpec:
 class Plan:
     annotations: dict[str, str | None]  # a merge patch of metadata.annotations (None removes a key)
     event: EventSpec | None = None
+    # What the culler's own record must keep (rule 15): stored before the patch for a stop or a restart.
+    record: RecordChange | None = None
 
     @property
     def empty(self) -> bool:
+        """Nothing to write on the Notebook (a record change alone is not a Notebook write)."""
         return not self.annotations and self.event is None
 
 
 def plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
          trace_id: str | None = None) -> Plan:
-    """The writes for a verdict on a notebook (its NotebookView, or the Notebook object itself)."""
+    """The writes for a verdict on a notebook (its NotebookView, or the Notebook object itself: then no
+    record change, the object carries none)."""
+    record = None
+    if isinstance(notebook, NotebookView):
+        record = next_record(notebook.record, verdict.action, verdict.rule, notebook.pod_start, now)
+    return replace(_notebook_plan(notebook, verdict, now, step_minutes, trace_id), record=record)
+
+
+def _notebook_plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
+                   trace_id: str | None) -> Plan:
     original = notebook.annotations if isinstance(notebook, NotebookView) else annotations_of(notebook)
     if STOP_ANNOTATION in original:
         return Plan({})  # stopped stays stopped: never rewrite or remove a stop, ours or another's
@@ -57,8 +70,9 @@ def plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetim
     trace = f" (trace {trace_id})" if trace_id else ""
     event: EventSpec | None = None
     ann = original
-    if original.get(STOPPED_BY_ANNOTATION) == STOPPED_BY_VALUE:
-        # The user started the notebook again (the stop annotation is gone): clear our stale marks.
+    if verdict.rule == "3-restarted":
+        # The culler's record says it stopped the notebook and the stop annotation is gone: the user started
+        # it again. Clear our stale marks (they are for people) and tell them.
         out.update({k: None for k in OWN_ANNOTATIONS if k in original})
         out[RESTARTED_AT_ANNOTATION] = format_time(now)
         ann = {k: v for k, v in original.items() if k not in OWN_ANNOTATIONS}

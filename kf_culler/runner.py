@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ from kf_culler.config import Settings
 from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, utcnow
 from kf_culler.kube.cache import ClusterCache
 from kf_culler.kube.istio import PolicyKeeper
+from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer
 from kf_culler.memory import settle as settle_memory
 from kf_culler.sources.bulk import BulkSource
@@ -30,9 +32,21 @@ def gpu_window_minutes(settings: Settings) -> float:
     longest = 0.0
     for policy in settings.policies():
         limits = [policy.idle_minutes, policy.connected_gpu_idle_minutes or 0,
-                  policy.busy_kernel_gpu_idle_minutes or 0]
+                  policy.busy_kernel_gpu_idle_minutes or 0, policy.no_signal_gpu_idle_limit or 0]
         longest = max(longest, *limits)
     return longest + 10
+
+
+MAX_GPU_WINDOW_MINUTES = 24 * 60
+
+
+def gpu_history_warning(settings: Settings) -> str | None:
+    """Rule 16 cannot fire when the GPU history the culler reads is shorter than noSignalGpuIdleMinutes."""
+    longest = max((p.no_signal_gpu_idle_limit or 0 for p in settings.policies()), default=0)
+    if longest + 10 <= MAX_GPU_WINDOW_MINUTES:
+        return None
+    return (f"noSignalGpuIdleMinutes {longest:g} is longer than the GPU history the culler reads "
+            f"({MAX_GPU_WINDOW_MINUTES - 10} min): an unreadable IDE beside an idle GPU is never stopped by rule 16")
 
 
 def sources_for(settings: Settings) -> tuple[BulkSource | None, BulkSource | None]:
@@ -48,14 +62,20 @@ def sources_for(settings: Settings) -> tuple[BulkSource | None, BulkSource | Non
 
         prom = ops.prometheus
         if prom.lookback_minutes < window:
-            prom = prom.model_copy(update={"lookback_minutes": min(window, 24 * 60)})
+            prom = prom.model_copy(update={"lookback_minutes": min(window, MAX_GPU_WINDOW_MINUTES)})
         gpu = PrometheusGpu(prom)
     elif ops.dcgm.endpoints:
         scraper_settings = settings.operations.dcgm
         if scraper_settings.lookback_minutes < window:
-            scraper_settings = scraper_settings.model_copy(update={"lookback_minutes": min(window, 24 * 60)})
+            scraper_settings = scraper_settings.model_copy(
+                update={"lookback_minutes": min(window, MAX_GPU_WINDOW_MINUTES)})
         gpu = dcgm.DcgmScraper(scraper_settings)
     return gpu, rstudio.source_for(settings)
+
+
+def own_namespace() -> str:
+    """The culler's own namespace: POD_NAMESPACE (the Deployment sets it), else `default`."""
+    return os.environ.get("POD_NAMESPACE") or "default"
 
 
 @dataclass
@@ -79,6 +99,9 @@ class Runner:
     slow: set[tuple[str, str]] = field(default_factory=set)  # notebooks slow to answer last pass
     last_cycle_end: float = 0.0
     cycles: int = 0
+    # Where the culler keeps its record of notebooks (kf_culler/kube/records.py); None: `own_namespace()`.
+    records_namespace: str | None = None
+    records: RecordStore | None = None
 
     def build_cycle(self) -> Cycle:
         if self._sources is None:
@@ -97,10 +120,16 @@ class Runner:
             cycle.namespace_labels = self.namespace_labels
         if self.tracer is not None:
             cycle.tracer = self.tracer
+        if self.cache is not None:
+            if self.records is None:
+                self.records = RecordStore(self.api, self.records_namespace or own_namespace())
+            self.records.load(self.cache.record_objects())
+            cycle.records = self.records
         return cycle
 
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:
-        self.cache = ClusterCache(self.api, self.settings.operations.namespaces.include)
+        self.cache = ClusterCache(self.api, self.settings.operations.namespaces.include,
+                                  records_namespace=self.records_namespace or own_namespace())
         self.cache.start()
         if not self.cache.wait_synced(timeout):
             log.warning("the notebook cache has not synced after %.0f s; still trying", timeout)
@@ -126,6 +155,7 @@ class Runner:
         cycle.on_written = cache.record_notebook
         snapshot = cache.snapshot()
         result = cycle.run(snapshot)
+        self._keep_records(snapshot)
         if self.policies is None:
             self.policies = PolicyKeeper.for_settings(self.settings, self.api, self.dry_run)
         self.policies.after_pass(snapshot, self.may_write, self.owns or (lambda _ns: True))
@@ -135,6 +165,17 @@ class Runner:
             self.on_cycle(result)
         settle_memory()  # kf_culler/memory.py
         return result
+
+    def _keep_records(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> None:
+        """After a pass: forget the records of notebooks that are gone, then store the pass's deferred record
+        writes (one patch per bucket). Only a replica that may write, for the namespaces it holds."""
+        if self.records is None or self.dry_run or self.settings.operations.dry_run or not self.may_write():
+            return
+        if self.cache is not None and self.cache.synced:
+            live = {str((nb.get("metadata") or {}).get("uid")) for nb, _ in snapshot}
+            selects, owns = self.settings.operations.namespaces.selects, self.owns or (lambda _ns: True)
+            self.records.sweep(live, lambda ns: selects(ns) and owns(ns))
+        self.records.flush()
 
     def loop(self, max_cycles: int | None = None) -> None:
         period = self.settings.operations.check_period_seconds

@@ -11,6 +11,7 @@ from kf_culler.decide import decide
 from kf_culler.model import InputError, Verdict
 from kf_culler.notebook import NotebookView
 from kf_culler.policy import select
+from kf_culler.record import parse_record
 from kf_culler.timeutil import parse_time
 
 
@@ -32,10 +33,20 @@ def verdict_for_document(doc: object, source: str = "input") -> Verdict:
     if labels is not None and not (isinstance(labels, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in labels.items())):
         raise InputError(f"{source}: 'namespaceLabels' must map label keys to string values")
+    node = doc.get("node")
+    if node is not None and not isinstance(node, dict):
+        raise InputError(f"{source}: 'node' must be the Node object (or null)")
+    problem = doc.get("accessProblem")
+    if problem is not None and not (isinstance(problem, str) and problem.strip()):
+        raise InputError(f"{source}: 'accessProblem' must be a non-empty sentence (or null)")
     observations: Any = doc.get("observations") or {}
     try:
-        policy, rule = select(NotebookView.of(notebook, doc.get("pod"), settings.policy), labels, settings)
-        return dataclasses.replace(decide(notebook, doc.get("pod"), observations, policy, now), policy_rule=rule)
+        record = parse_record(doc.get("cullerRecord"))
+        view = NotebookView.of(notebook, doc.get("pod"), settings.policy, node=node)
+        policy, rule = select(view, labels, settings)
+        verdict = decide(notebook, doc.get("pod"), observations, policy, now, node=node, record=record,
+                         access_problem=problem)
+        return dataclasses.replace(verdict, policy_rule=rule)
     except InputError as err:
         raise InputError(f"{source}: {err}") from None
 

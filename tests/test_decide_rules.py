@@ -38,6 +38,7 @@ def scenario(**changes: Any) -> dict[str, Any]:
 DELETE = object()
 ANN = "notebook__metadata__annotations"
 JUP = "observations__jupyter"
+R16 = "config__noSignalGpuIdleMinutes"  # None: rule 16 off, for cases about rule 6 beside an idle GPU
 GPU_IDLE = {"samples": [{"time": f"2026-11-29T{h:02d}:{m:02d}:00Z", "utilPercent": 0, "memoryUsedMiB": 0}
                         for h in range(8, 12) for m in (0, 30)]}
 
@@ -93,30 +94,42 @@ CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
      "stop", "idle", "10-idle"),
     ("stopped by another controller's lock", {f"{ANN}__kubeflow-resource-stopped": "odh-notebook-controller-lock"},
      "keep", "stopped", "1-stopped"),
-    ("stopped by the culler, then started again by its user (stop annotation gone)",
-     {f"{ANN}__notebook-culler.io/stopped-by": "kf-culler"}, "keep", "starting", "3-restarted"),
+    ("stopped by the culler (its record), then started again by its user (stop annotation gone)",
+     {"cullerRecord": {"stoppedAt": "2026-11-29T11:50:00Z"}}, "keep", "starting", "3-restarted"),
+    ("a restart recorded before the last stop is not the restart after it",
+     {"cullerRecord": {"stoppedAt": "2026-11-29T11:50:00Z", "restartedAt": "2026-11-29T11:00:00Z"}},
+     "keep", "starting", "3-restarted"),
+    ("the culler's stopped-by mark written by a user is not a restart (rule 15)",
+     {f"{ANN}__notebook-culler.io/stopped-by": "kf-culler"}, "stop", "idle", "10-idle"),
+    ("a user's restarted-at mark does not restart the idle clock (rule 15)",
+     {f"{ANN}__notebook-culler.io/restarted-at": "2026-11-29T11:58:00Z"}, "stop", "idle", "10-idle"),
     ("stopped-by naming someone else is not a restart by our mark",
      {f"{ANN}__notebook-culler.io/stopped-by": "someone-else"}, "stop", "idle", "10-idle"),
     ("pending pod", {"pod__status": {"phase": "Pending"}}, "keep", "starting", "3-starting"),
     ("no pod", {"pod": None}, "keep", "starting", "3-starting"),
-    ("RStudio server without an RStudio answer", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-two"},
+    ("RStudio server without an RStudio answer", {R16: None, f"{ANN}__notebooks.kubeflow.org/server-type": "group-two"},
      "keep", "no-signal", "6-no-signal"),
     ("code-server notebook: Jupyter's answer is ignored",
-     {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one"}, "keep", "no-signal", "6-no-signal"),
-    ("unknown server type", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-nine"},
+     {R16: None, f"{ANN}__notebooks.kubeflow.org/server-type": "group-one"}, "keep", "no-signal", "6-no-signal"),
+    ("an unknown server type is probed as Jupyter (rule 16)",
+     {f"{ANN}__notebooks.kubeflow.org/server-type": "group-nine"}, "stop", "idle", "10-idle"),
+    ("an unknown server type whose Jupyter answer is missing gives no signal",
+     {f"{ANN}__notebooks.kubeflow.org/server-type": "group-nine", "observations__jupyter": DELETE,
+      "observations__gpu": DELETE, "pod__spec__containers": [{"name": "c", "resources": {}}],
+      "notebook__spec__template__spec__containers": [{"name": "c", "resources": {}}]},
      "keep", "no-signal", "6-no-signal"),
     ("future activity counts as now", {f"{JUP}__status__last_activity": "2027-01-01T00:00:00Z"},
      "keep", "idle", "10-idle"),
     ("one bad kernel timestamp makes Jupyter unreadable",
-     {f"{JUP}__kernels": [{"id": "k", "name": "python3", "last_activity": "soon", "execution_state": "idle",
+     {R16: None, f"{JUP}__kernels": [{"id": "k", "name": "python3", "last_activity": "soon", "execution_state": "idle",
                            "connections": 0}]}, "keep", "no-signal", "6-no-signal"),
-    ("connections as a string make Jupyter unreadable", {f"{JUP}__status__connections": "1"},
+    ("connections as a string make Jupyter unreadable", {R16: None, f"{JUP}__status__connections": "1"},
      "keep", "no-signal", "6-no-signal"),
     ("no-signal policy stops after its limit",
      {JUP: {"error": "timeout"}, "config__noSignal": {"action": "stop", "afterMinutes": 60}},
      "stop", "no-signal", "6-no-signal"),
     ("no-signal policy waits for its limit",
-     {JUP: {"error": "timeout"}, "config__noSignal": {"action": "stop", "afterMinutes": 6000}},
+     {R16: None, JUP: {"error": "timeout"}, "config__noSignal": {"action": "stop", "afterMinutes": 6000}},
      "keep", "no-signal", "6-no-signal"),
     ("a forged last-activity annotation is not evidence",
      {f"{ANN}__notebooks.kubeflow.org/last-activity": "2026-11-29T11:59:00Z"}, "stop", "idle", "10-idle"),
@@ -131,7 +144,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
     ("code-server heartbeat recent", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
                                       "observations__codeServer": code_server("expired", T10 + 2 * 3600_000 - 60_000)},
      "keep", "idle", "10-idle"),
-    ("code-server heartbeat of the wrong type", {f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
+    ("code-server heartbeat of the wrong type", {R16: None, f"{ANN}__notebooks.kubeflow.org/server-type": "group-one",
                                                  "observations__codeServer": code_server("expired", "x")},  # type: ignore[arg-type]
      "keep", "no-signal", "6-no-signal"),
     ("unreadable keep-until is ignored", {f"{ANN}__notebook-culler.io/keep-until": "tomorrow",
@@ -160,7 +173,38 @@ CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
       f"{ANN}__notebook-culler.io/keep-until": "2026-11-29T13:00:00Z"}, "keep", "active", "5-positive-evidence"),
     ("lifetime cap counts from a restart the culler saw",
      {JUP: busy_jupyter(), "config__maxRunningMinutes": 180,
-      f"{ANN}__notebook-culler.io/restarted-at": "2026-11-29T10:00:00Z"}, "keep", "active", "5-positive-evidence"),
+      "cullerRecord": {"stoppedAt": "2026-11-29T09:50:00Z", "restartedAt": "2026-11-29T10:00:00Z"}},
+     "keep", "active", "5-positive-evidence"),
+    ("lifetime cap counts from the culler's runningSince, not a recreated pod",
+     {JUP: busy_jupyter(), "config__maxRunningMinutes": 300, "pod__status__startTime": "2026-11-29T11:00:00Z",
+      "cullerRecord": {"runningSince": "2026-11-29T06:00:00Z"}}, "stop", "active", "13-lifetime-cap"),
+    ("a runningSince older than the last stop is not counted",
+     {JUP: busy_jupyter(), "config__maxRunningMinutes": 300, "pod__status__startTime": "2026-11-29T11:00:00Z",
+      "cullerRecord": {"runningSince": "2026-11-29T06:00:00Z", "stoppedAt": "2026-11-29T10:00:00Z",
+                       "restartedAt": "2026-11-29T10:30:00Z"}}, "keep", "active", "5-positive-evidence"),
+    # Rule 17, every GPU counts
+    ("a GPU in a native sidecar makes a GPU notebook (gpu rule)",
+     {"pod__spec__containers": [{"name": "c", "resources": {}}],
+      "pod__spec__initContainers": [{"name": "s", "restartPolicy": "Always",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+      "config__rules": [{"name": "gpu", "match": {"gpu": True}, "policy": {"idleMinutes": 6000}}]},
+     "keep", "idle", "10-idle"),
+    # Rule 16, an unreadable IDE does not protect an idle GPU forever
+    ("Jupyter unreachable, GPU idle 4 h: stopped", {JUP: {"error": "timeout"}},
+     "stop", "no-signal", "16-no-signal-gpu-idle"),
+    ("Jupyter unreachable, GPU idle 4 h, rule 16 off", {JUP: {"error": "timeout"},
+                                                       "config__noSignalGpuIdleMinutes": None},
+     "keep", "no-signal", "6-no-signal"),
+    ("Jupyter unreachable, GPU idle 4 h, an access problem the culler confirmed",
+     {JUP: {"error": "HTTP 403"}, "accessProblem": "no AuthorizationPolicy admits the culler."},
+     "keep", "no-signal", "16-access-problem"),
+    ("Jupyter unreachable, GPU idle 4 h, limit 300 min", {JUP: {"error": "timeout"},
+                                                         "config__noSignalGpuIdleMinutes": 300},
+     "keep", "no-signal", "6-no-signal"),
+    ("Jupyter unreachable, a CPU notebook: no signal is not idleness",
+     {JUP: {"error": "timeout"}, "pod__spec__containers": [{"name": "c", "resources": {}}],
+      "notebook__spec__template__spec__containers": [{"name": "c", "resources": {}}], "observations__gpu": DELETE},
+     "keep", "no-signal", "6-no-signal"),
     ("an idle stop inside the lifetime warning is the idle rule's",
      {"config__maxRunningMinutes": 490, "config__warnMinutes": 30}, "stop", "idle", "10-idle"),
     ("lifetime cap on a connected notebook keeps its state", {f"{JUP}__status__connections": 1,
@@ -227,6 +271,7 @@ def test_the_rule_that_decides_is_the_table_entry_with_that_id(title: str, chang
                                                               state: str, rule: str) -> None:
     from kf_culler.config import load_mapping
     from kf_culler.notebook import NotebookView
+    from kf_culler.record import parse_record
     from kf_culler.rules import RULES
     from kf_culler.rules.evidence import gather
     from kf_culler.timeutil import parse_time
@@ -235,7 +280,9 @@ def test_the_rule_that_decides_is_the_table_entry_with_that_id(title: str, chang
     now = parse_time(doc["now"])
     assert now is not None
     policy = load_mapping(doc["config"], "test").policy_for(doc["notebook"]["metadata"]["namespace"])
-    ev = gather(NotebookView.of(doc["notebook"], doc["pod"], policy), doc["observations"], policy, now)
+    view = NotebookView.of(doc["notebook"], doc["pod"], policy, record=parse_record(doc.get("cullerRecord")),
+                           access_problem=doc.get("accessProblem"))
+    ev = gather(view, doc["observations"], policy, now)
     entry, verdict = next((r, v) for r in RULES if (v := r.check(ev, policy, now)) is not None)
     assert verdict.rule == entry.id == rule
 
@@ -290,7 +337,7 @@ json_any = st.recursive(json_leaf, lambda inner: st.one_of(
         ["status", "kernels", "terminals", "last_activity", "execution_state", "connections", "healthz",
          "lastHeartbeat", "samples", "time", "utilPercent", "memoryUsedMiB", "error", "connected", "busy",
          "lastActivity", "x"]), inner, max_size=6)), max_leaves=25)
-POLICY = load_mapping({}, "test").policy
+POLICY = load_mapping({"noSignalGpuIdleMinutes": None}, "test").policy  # rule 16 off: see the docstring below
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -307,7 +354,8 @@ def test_any_input_gives_a_verdict_or_an_input_error(notebook: Any, pod: Any, ob
 @given(garbage=json_any, source=st.sampled_from(["jupyter", "gpu"]),
        now=st.datetimes(min_value=datetime(1970, 1, 2), max_value=datetime(9999, 12, 1), timezones=st.just(UTC)))
 def test_never_stop_on_unreadable_evidence(garbage: Any, source: str, now: datetime) -> None:
-    """Replace the IDE's or the GPU's answer by anything unreadable: the verdict is never `stop`."""
+    """Replace the IDE's or the GPU's answer by anything unreadable: the verdict is never `stop` (with rule 16 off:
+    an unreadable IDE beside a GPU idle for hours is its case, tested in the table)."""
     from kf_culler.readings import Unreadable, parse_gpu, parse_jupyter
 
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,7 +16,9 @@ from kf_culler.model import (
     STOPPED_BY_VALUE,
     Verdict,
 )
+from kf_culler.notebook import NotebookView
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, plan
+from kf_culler.record import CullerRecord
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 IDLE_JUPYTER = {"jupyter": {"status": {"started": "2026-11-29T04:00:00Z", "last_activity": "2026-11-29T09:00:00Z",
@@ -30,28 +33,60 @@ def old_pod() -> dict[str, Any]:
     return {"metadata": {"name": "nb-0"}, "status": {"phase": "Running", "startTime": "2026-11-29T04:00:00Z"}}
 
 
-def test_a_restart_is_seen_once_marked_and_announced() -> None:
+STOPPED = CullerRecord(stopped_at=datetime(2026, 11, 29, 11, 59, 30, tzinfo=UTC))
+
+
+def test_a_restart_is_seen_once_recorded_and_announced() -> None:
     nb = notebook(**{STOPPED_BY_ANNOTATION: STOPPED_BY_VALUE, STOPPED_AT_ANNOTATION: "2026-11-29T11:59:30Z"})
-    verdict = decide(nb, old_pod(), IDLE_JUPYTER, Policy(), NOW)
+    view = NotebookView.of(nb, old_pod(), Policy(), record=STOPPED)
+    verdict = decide(nb, old_pod(), IDLE_JUPYTER, Policy(), NOW, record=STOPPED)
     assert (verdict.action, verdict.state, verdict.rule) == ("keep", "starting", "3-restarted")
-    p = plan(nb, verdict, NOW, 120)
+    p = plan(view, verdict, NOW, 120)
     assert p.annotations == {STOPPED_BY_ANNOTATION: None, STOPPED_AT_ANNOTATION: None,
                              RESTARTED_AT_ANNOTATION: "2026-11-29T12:00:00Z"}
     assert p.event is not None and p.event.reason == EVENT_RESTART
+    assert p.record is not None and p.record.before_patch
+    assert p.record.record == CullerRecord(stopped_at=STOPPED.stopped_at, restarted_at=NOW)
+    # the next pass reads the stored restart: no second restart
+    again = decide(nb, old_pod(), IDLE_JUPYTER, Policy(), NOW + timedelta(seconds=60), record=p.record.record)
+    assert (again.state, again.rule) == ("starting", "3-starting")
+
+
+def test_the_marks_alone_are_no_restart() -> None:
+    nb = notebook(**{STOPPED_BY_ANNOTATION: STOPPED_BY_VALUE, STOPPED_AT_ANNOTATION: "2026-11-29T11:59:30Z"})
+    verdict = decide(nb, old_pod(), IDLE_JUPYTER, Policy(), NOW)
+    assert (verdict.action, verdict.rule) == ("stop", "10-idle")
 
 
 def test_the_grace_counts_from_the_restart_then_the_idle_notebook_is_stopped_again() -> None:
     policy = Policy()
+    record = CullerRecord(stopped_at=NOW - timedelta(minutes=5), restarted_at=NOW)
     nb = notebook(**{RESTARTED_AT_ANNOTATION: "2026-11-29T12:00:00Z"})
     grace = timedelta(minutes=policy.startup_grace_minutes)
-    inside = decide(nb, old_pod(), IDLE_JUPYTER, policy, NOW + grace - timedelta(seconds=1))
+    inside = decide(nb, old_pod(), IDLE_JUPYTER, policy, NOW + grace - timedelta(seconds=1), record=record)
     assert (inside.action, inside.state) == ("keep", "starting")
     late = NOW + timedelta(minutes=policy.idle_minutes) + timedelta(seconds=1)
-    after = decide(nb, old_pod(), IDLE_JUPYTER, policy, late)
+    after = decide(nb, old_pod(), IDLE_JUPYTER, policy, late, record=record)
     assert after.action == "stop"
-    p = plan(nb, after, late, 120)
+    p = plan(NotebookView.of(nb, old_pod(), policy, record=record), after, late, 120)
     assert p.annotations[RESTARTED_AT_ANNOTATION] is None and STOP_ANNOTATION in p.annotations
     assert p.event is not None and p.event.reason == EVENT_STOP
+    assert p.record is not None and p.record.before_patch and p.record.record.stopped_at == late
+
+
+def test_running_since_is_recorded_once_and_never_before_the_last_stop() -> None:
+    policy = Policy()
+    verdict = decide(notebook(), old_pod(), IDLE_JUPYTER, policy, NOW - timedelta(hours=3))
+    p = plan(NotebookView.of(notebook(), old_pod(), policy), verdict, NOW, 120)
+    assert p.record is not None and not p.record.before_patch
+    assert p.record.record.running_since == datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
+    known = NotebookView.of(notebook(), old_pod(), policy, record=p.record.record)
+    assert plan(known, verdict, NOW, 120).record is None
+    # the old pod still runs after a stop and a restart: running since the restart, not the old start
+    restarted = CullerRecord(stopped_at=NOW - timedelta(minutes=20), restarted_at=NOW - timedelta(minutes=15))
+    view = NotebookView.of(notebook(), old_pod(), policy, record=restarted)
+    again = plan(view, Verdict("keep", "idle", "x", "10-idle"), NOW, 120)
+    assert again.record is not None and again.record.record.running_since == restarted.restarted_at
 
 
 def test_a_stop_annotation_we_did_not_write_is_never_a_restart() -> None:
@@ -67,12 +102,10 @@ def test_keep_verdict_without_restart_writes_no_restart_mark() -> None:
 
 
 def test_a_notebook_view_plans_like_the_notebook_object() -> None:
-    from kf_culler.notebook import NotebookView
-
     nb = notebook(**{STOPPED_BY_ANNOTATION: STOPPED_BY_VALUE, STOPPED_AT_ANNOTATION: "2026-11-29T11:59:30Z"})
     policy = Policy()
     view = NotebookView.of(nb, old_pod(), policy)
     assert (view.namespace, view.name, view.server_type, view.gpus) == ("ns", "nb", "jupyter", 0)
     for v in (decide(nb, old_pod(), IDLE_JUPYTER, policy, NOW),
               decide(notebook(), old_pod(), IDLE_JUPYTER, policy, NOW + timedelta(hours=3))):
-        assert plan(view, v, NOW, 120) == plan(nb, v, NOW, 120)
+        assert dataclasses.replace(plan(view, v, NOW, 120), record=None) == plan(nb, v, NOW, 120)

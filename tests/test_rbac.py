@@ -19,6 +19,7 @@ from support.target import KubeTarget
 
 from kf_culler.config import load_mapping
 from kf_culler.kube import GROUP, PLURAL, VERSION
+from kf_culler.kube.records import bucket_of
 from kf_culler.local import objects as obj
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
@@ -92,9 +93,13 @@ def test_a_full_cycle_as_the_culler_and_nothing_more(kube: KubeTarget, api: Any,
         time.sleep(3.5)
         settings = load_mapping({"idleMinutes": 0.05, "warnMinutes": 0, "urls": {"jupyter": router.template()},
                                  "namespaces": {"include": [namespace]}}, "test")
-        runner = Runner(settings, sa_api)  # exactly the culler's identity
+        runner = Runner(settings, sa_api, records_namespace=CULLER_NS)  # exactly the culler's identity
         with runner:
             result = runner.once()
+        # the stop was recorded first, in the culler's own namespace (rule 15)
+        uid = obj.get_notebook(api, namespace, "nb-idle")["metadata"]["uid"]
+        bucket = core.read_namespaced_config_map(bucket_of(uid), CULLER_NS)
+        assert '"stoppedAt"' in bucket.data[uid]
     r = result.results[0]
     assert r.verdict.action == "stop" and r.write is not None and r.write.outcome == "patched"
     assert r.write.event == "created"
@@ -115,6 +120,13 @@ def test_a_full_cycle_as_the_culler_and_nothing_more(kube: KubeTarget, api: Any,
     assert forbidden(lambda: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
                                                                     obj.notebook("new"))) == 403
     assert forbidden(lambda: client.CoordinationV1Api(sa_api).read_namespaced_lease("other", CULLER_NS)) == 403
+    # the record's Role: its own buckets only, in its own namespace only
+    core.create_namespaced_config_map(CULLER_NS, {"metadata": {"name": "someone-elses"}, "data": {"a": "b"}})
+    assert forbidden(lambda: sa_core.patch_namespaced_config_map("someone-elses", CULLER_NS, {"data": {"a": "c"}},
+                                                                  _content_type=merge)) == 403
+    assert forbidden(lambda: sa_core.read_namespaced_config_map("someone-elses", CULLER_NS)) == 403
+    assert forbidden(lambda: sa_core.list_namespaced_config_map(namespace)) == 403
+    assert forbidden(lambda: sa_core.delete_namespaced_config_map(bucket_of(uid), CULLER_NS)) == 403
 
 
 def test_namespace_scoped_mode_is_refused_outside_its_scope(kube: KubeTarget, api: Any, namespace: str) -> None:
@@ -128,7 +140,7 @@ def test_namespace_scoped_mode_is_refused_outside_its_scope(kube: KubeTarget, ap
     for ns in (namespace, other):
         obj.create_notebook(api, ns, obj.notebook("nb"))
     settings = load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600}, "test")
-    runner = Runner(settings, sa_api, dry_run=True)
+    runner = Runner(settings, sa_api, dry_run=True, records_namespace=scoped_ns)
     with runner:
         assert runner.cache is not None and runner.cache.synced
         names = [r.name for r in runner.once().results]

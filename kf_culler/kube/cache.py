@@ -212,14 +212,20 @@ class _Collection:
 class ClusterCache:
     """Notebooks and notebook pods, cluster-wide or for a fixed list of namespaces."""
 
-    def __init__(self, api_client: Any, namespaces: tuple[str, ...] = ()) -> None:
+    def __init__(self, api_client: Any, namespaces: tuple[str, ...] = (), records_namespace: str | None = None) -> None:
         from kubernetes import client
+
+        from kf_culler.kube.records import RECORDS_SELECTOR
 
         self.stop_event = threading.Event()
         custom = client.CustomObjectsApi(api_client)
         core = client.CoreV1Api(api_client)
         self.notebooks: list[_Collection] = []
         self.pods: list[_Collection] = []
+        # The culler's own record (kf_culler/kube/records.py): ConfigMaps in its own namespace.
+        self.records: list[_Collection] = [] if records_namespace is None else [_Collection(
+            f"records/{records_namespace}", _bind(core.list_namespaced_config_map, records_namespace),
+            self.stop_event, RECORDS_SELECTOR)]
         if namespaces:
             for ns in namespaces:
                 self.notebooks.append(_Collection(
@@ -233,23 +239,26 @@ class ClusterCache:
             self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, POD_LABEL,
                                          slim=_slim_pod))
 
+    def _all(self) -> list[_Collection]:
+        return self.notebooks + self.pods + self.records
+
     def start(self) -> None:
-        for c in self.notebooks + self.pods:
+        for c in self._all():
             c.thread.start()
 
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        return all(c.synced.wait(max(0.0, deadline - time.monotonic())) for c in self.notebooks + self.pods)
+        return all(c.synced.wait(max(0.0, deadline - time.monotonic())) for c in self._all())
 
     @property
     def synced(self) -> bool:
-        return all(c.synced.is_set() for c in self.notebooks + self.pods)
+        return all(c.synced.is_set() for c in self._all())
 
     def close(self) -> None:
         """Stop watching: the watch threads end and their connections close now, not at their timeout
         (an API server shutting down waits for open watches)."""
         self.stop_event.set()
-        for c in self.notebooks + self.pods:
+        for c in self._all():
             c.interrupt()
 
     def snapshot(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
@@ -266,6 +275,10 @@ class ClusterCache:
                     pods_by_nb[key] = pod
         return [(notebooks[k], pods_by_nb.get(k)) for k in sorted(notebooks)]
 
+    def record_objects(self) -> list[dict[str, Any]]:
+        """The ConfigMaps that hold the culler's records, as the watch has them."""
+        return [cm for c in self.records for cm in c.snapshot().values()]
+
     def record_notebook(self, obj: dict[str, Any]) -> None:
         ns = _key(obj)[0]
         for c in self.notebooks:
@@ -273,7 +286,7 @@ class ClusterCache:
                 c.put(obj)
 
     def stats(self) -> dict[str, int]:
-        cols = self.notebooks + self.pods
+        cols = self._all()
         return {"lists": sum(c.lists for c in cols), "watchEvents": sum(c.watch_events for c in cols),
                 "watchErrors": sum(c.errors for c in cols)}
 

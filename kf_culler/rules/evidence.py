@@ -13,10 +13,10 @@ from typing import Any
 
 from kf_culler.config import Policy
 from kf_culler.ide import IdeKind, for_server_type
-from kf_culler.model import RESTARTED_AT_ANNOTATION, SOURCES
+from kf_culler.model import SOURCES
 from kf_culler.notebook import NotebookView
 from kf_culler.readings import GpuSample, IdeReading, Unreadable, parse_gpu, source_error
-from kf_culler.timeutil import format_time, parse_time
+from kf_culler.timeutil import format_time
 
 
 def works(s: GpuSample, policy: Policy) -> bool:
@@ -43,8 +43,10 @@ def read_gpu(raw: object, policy: Policy) -> GpuReading:
 class Clock:
     """When the pod counts as started, and the idle clock (rule 7), for a notebook with a running pod."""
 
-    started: datetime  # the pod's start, or a later restart the culler saw (rule 3); never after now
-    idle_since: datetime  # latest of every readable activity, connection, GPU work and `started`
+    started: datetime  # the pod's start, or a later restart the culler recorded (rules 3, 15); never after now
+    since: datetime  # what the idle clock and the lifetime cap count from: the culler's runningSince when
+    # it has one (a pod deleted and recreated does not start them over, rule 15), else `started`
+    idle_since: datetime  # latest of every readable activity, connection, GPU work and `since`
     work_since: datetime  # the same without connections: a connection is not work (rule 9)
 
     def idle_seconds(self, now: datetime) -> float:
@@ -72,16 +74,14 @@ class Evidence:
         return self.ide_problem or self.gpu_problem
 
 
-def _restarted_at(ann: Mapping[str, Any], now: datetime) -> datetime | None:
-    """When the culler saw the notebook started again after its own stop; a time in the future is
-    not one the culler wrote, and is ignored."""
-    t = parse_time(ann.get(RESTARTED_AT_ANNOTATION))
+def _past(t: datetime | None, now: datetime) -> datetime | None:
+    """A recorded time, when it is not in the future (a record from the future is not one to count from)."""
     return t if t is not None and t <= now else None
 
 
 def _read_ide(kind: IdeKind | None, stype: str, observations: dict[str, Any],
               record: dict[str, Any]) -> tuple[IdeReading | None, str | None]:
-    if kind is None:
+    if kind is None:  # not reached: an unknown server type is read as Jupyter (NotebookView.server_type)
         return None, f"unknown server type {stype!r}"
     if kind.source not in observations:
         return None, f"{kind.name} was not asked"
@@ -126,10 +126,15 @@ def _clock(view: NotebookView, ide: IdeReading | None, gpu: GpuReading | None, n
     if view.pod_start is None:
         return None
     started = min(view.pod_start, now)
-    restarted = _restarted_at(view.annotations, now)
+    record = view.record
+    restarted = _past(record.restarted_at, now) if record is not None else None
     if restarted is not None and restarted > started:
         started = restarted
-    work = [started]
+    since = started
+    running = _past(record.current_running_since(), now) if record is not None else None
+    if running is not None:
+        since = max(running, restarted) if restarted is not None else running
+    work = [since]
     connections = []
     if ide is not None:
         work.extend(ide.activity)
@@ -137,7 +142,7 @@ def _clock(view: NotebookView, ide: IdeReading | None, gpu: GpuReading | None, n
             connections.append(ide.connected_at)
     if gpu is not None and gpu.last_work is not None:
         work.append(gpu.last_work)
-    return Clock(started, min(max(work + connections), now), min(max(work), now))
+    return Clock(started, since, min(max(work + connections), now), min(max(work), now))
 
 
 def gather(view: NotebookView, observations: dict[str, Any], policy: Policy, now: datetime) -> Evidence:

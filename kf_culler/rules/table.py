@@ -16,8 +16,6 @@ from kf_culler.model import (
     EXEMPT_ANNOTATION,
     KEEP_UNTIL_ANNOTATION,
     STOP_ANNOTATION,
-    STOPPED_BY_ANNOTATION,
-    STOPPED_BY_VALUE,
     Action,
     InputError,
     RuleId,
@@ -25,6 +23,7 @@ from kf_culler.model import (
     Verdict,
 )
 from kf_culler.notebook import NotebookView, pod_trouble
+from kf_culler.record import CullerRecord
 from kf_culler.rules.evidence import Clock, Evidence, gather
 from kf_culler.timeutil import add_minutes, format_time, parse_time
 from kf_culler.timeutil import clock_text as hhmm
@@ -75,8 +74,9 @@ def exempt(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
 
 
 def restarted(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
-    """Rule 3, a notebook this culler stopped, started again by its user."""
-    if ev.annotations.get(STOPPED_BY_ANNOTATION) != STOPPED_BY_VALUE:
+    """Rules 3 and 15, a notebook the culler's own record says it stopped, started again by its user (the stop
+    annotation is gone, rule 1 came first). Marks on the Notebook are not read: a user can write them."""
+    if ev.view.record is None or not ev.view.record.awaiting_restart():
         return None
     return _plain(ev, "keep", "starting", "The notebook was started again; idle culling waits "
                   f"{minutes(policy.startup_grace_minutes * 60)} after a start.", "3-restarted")
@@ -146,7 +146,7 @@ def lifetime_cap(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
     cap = policy.max_running_minutes
     if cap is None:
         return None
-    started = _clock(ev).started
+    started = _clock(ev).since
     stop_at, note = _extension(ev, policy, now, add_minutes(started, cap))
     warn_at = add_minutes(stop_at, -policy.warn_minutes)
     if now < stop_at and (policy.warn_minutes <= 0 or now < warn_at):
@@ -195,6 +195,62 @@ def _half_evidence(ev: Evidence, policy: Policy, now: datetime) -> bool:
             and now < add_minutes(_clock(ev).idle_since, policy.idle_minutes))
 
 
+def access_problem(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 16's exception: the IDE gave no signal and the culler has confirmed, from objects profile users
+    cannot write, that its own access is what is missing: kept, and the reason says what the admin must fix."""
+    problem = ev.view.access_problem
+    if problem is None or ev.ide_problem is None:
+        return None
+    clock = _clock(ev)
+    return _verdict(ev, "keep", "no-signal",
+                    f"No signal: {ev.ide_problem}. The culler's own access is missing: {problem[:300]} The notebook "
+                    "is kept until an administrator fixes that.", "16-access-problem",
+                    idle_since=clock.idle_since, idle_seconds=clock.idle_seconds(now))
+
+
+def _gpu_idle_stop(ev: Evidence, policy: Policy) -> tuple[datetime, datetime] | None:
+    """Rule 16: (since when, stop time) for a GPU notebook whose IDE gives no signal while its readable GPU
+    metrics show no work; None when the rule does not apply. The GPU's idle time runs from the latest of the
+    last work, the pod's start and the recorded restart (`Clock.started`), and only as far back as samples
+    cover it (GpuReading.idle_since)."""
+    limit = policy.no_signal_gpu_idle_limit
+    if limit is None or ev.ide_problem is None or ev.gpu is None or not ev.view.gpu_notebook:
+        return None
+    since = max(ev.gpu.idle_since, _clock(ev).started)
+    return since, add_minutes(since, limit)
+
+
+def no_signal_gpu_idle(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 16, an unreadable IDE does not protect an idle GPU forever: warned, then stopped, once the GPU has
+    shown no work for noSignalGpuIdleMinutes (the earlier of this and noSignal.afterMinutes wins)."""
+    found = _gpu_idle_stop(ev, policy)
+    if found is None:
+        return None
+    gpu_since, limit_stop = found
+    clock = _clock(ev)
+    after = policy.no_signal.after_minutes
+    if policy.no_signal.action == "stop" and after is not None and add_minutes(clock.idle_since, after) < limit_stop:
+        return None  # noSignal stops it first: rule 6's verdict
+    stop_at, note = _extension(ev, policy, now, limit_stop)
+    warn_at = add_minutes(stop_at, -policy.warn_minutes)
+    if now < stop_at and (policy.warn_minutes <= 0 or now < warn_at):
+        return None
+    gpu_idle = minutes((now - gpu_since).total_seconds())
+    timing: dict[str, Any] = {"idle_since": gpu_since, "idle_seconds": (now - gpu_since).total_seconds(),
+                              "stop_at": stop_at, "warn_at": warn_at}
+    what = f"{ev.ide_problem}; the GPU has shown no work for {gpu_idle}, since {hhmm(gpu_since, now)}"
+    limit = minutes((policy.no_signal_gpu_idle_limit or 0) * 60)
+    if now >= stop_at:
+        return _verdict(ev, "stop", "no-signal",
+                        f"Stopped: the notebook's IDE could not be read ({what}). A GPU idle for {limit} is "
+                        "reclaimed even when the IDE cannot be read. Your files in the home volume are kept; start "
+                        f"the notebook again to continue.{note}", "16-no-signal-gpu-idle", **timing)
+    return _verdict(ev, "warn", "no-signal",
+                    f"The notebook's IDE could not be read ({what}); it will be stopped at {hhmm(stop_at, now)} "
+                    f"unless the GPU is used. To ask for more time, set {KEEP_UNTIL_ANNOTATION}.{note}",
+                    "16-no-signal-gpu-idle", **timing)
+
+
 def no_signal(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
     """Rule 6, no signal is not idleness; `noSignal` may stop after a time."""
     missing = ev.missing
@@ -204,9 +260,14 @@ def no_signal(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
     timing: dict[str, Any] = {"idle_since": clock.idle_since, "idle_seconds": clock.idle_seconds(now)}
     idle = minutes(clock.idle_seconds(now))
     reason = f"No signal: {missing}. A notebook is not stopped because it could not be read"
+    gpu_stop = _gpu_idle_stop(ev, policy)
+    if gpu_stop is not None:
+        reason = (f"No signal: {missing}. Its GPU has shown no work since {hhmm(gpu_stop[0], now)}; it will be "
+                  f"stopped at {hhmm(gpu_stop[1], now)} unless the GPU is used or the IDE can be read again")
     after = policy.no_signal.after_minutes
     if policy.no_signal.action != "stop" or after is None:
-        return _verdict(ev, "keep", "no-signal", reason + ".", "6-no-signal", **timing)
+        return _verdict(ev, "keep", "no-signal", reason + ".", "6-no-signal",
+                        stop_at=gpu_stop[1] if gpu_stop else None, **timing)
     stop_at = add_minutes(clock.idle_since, after)
     warn_at = add_minutes(stop_at, -policy.warn_minutes)
     if now >= stop_at:
@@ -217,6 +278,9 @@ def no_signal(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
         return _verdict(ev, "warn", "no-signal",
                         f"No signal for {idle} ({missing}); it will be stopped at {hhmm(stop_at, now)} unless a "
                         "signal returns.", "6-no-signal", stop_at=stop_at, warn_at=warn_at, **timing)
+    if gpu_stop is not None:
+        return _verdict(ev, "keep", "no-signal", reason + ".", "6-no-signal",
+                        stop_at=min(stop_at, gpu_stop[1]), **timing)
     return _verdict(ev, "keep", "no-signal", reason + f" before {hhmm(stop_at, now)}.", "6-no-signal",
                     stop_at=stop_at, **timing)
 
@@ -325,6 +389,8 @@ RULES: tuple[Rule, ...] = (
     Rule("13-lifetime-cap", lifetime_cap),
     Rule("5-positive-evidence", gpu_working),
     Rule("5-positive-evidence", ide_busy),
+    Rule("16-access-problem", access_problem),
+    Rule("16-no-signal-gpu-idle", no_signal_gpu_idle),
     Rule("6-no-signal", no_signal),
     Rule("9-connected", connected),
     Rule("6-half-evidence", half_evidence),
@@ -339,15 +405,31 @@ def decide(
     observations: dict[str, Any],
     policy: Policy,
     now: datetime,
+    *,
+    node: dict[str, Any] | None = None,
+    record: CullerRecord | None = None,
+    access_problem: str | None = None,
 ) -> Verdict:
-    """The verdict for one notebook. Raises InputError only for inputs that are not a notebook at all."""
+    """The verdict for one notebook. Raises InputError only for inputs that are not a notebook at all.
+    `node`: the pod's Node (its GPU model, rule 17); `record`: the culler's own record of this uid (rule 15);
+    `access_problem`: the culler's confirmed lack of access to it (rule 16)."""
     if not isinstance(notebook, dict):
         raise InputError("notebook is not an object")
     if pod is not None and not isinstance(pod, dict):
         raise InputError("pod is neither an object nor null")
     if not isinstance(observations, dict):
         raise InputError("observations is not an object")
-    return decide_view(NotebookView.of(notebook, pod, policy), observations, policy, now)
+    view = NotebookView.of(notebook, pod, policy, node=node, record=record, access_problem=access_problem)
+    return decide_view(view, observations, policy, now)
+
+
+def _named_unknown(ev: Evidence, verdict: Verdict) -> Verdict:
+    """Rule 16: an unknown server-type value was probed as Jupyter, and every reason that read evidence says so."""
+    unknown = ev.view.unknown_server_type
+    if unknown is None or not verdict.evidence:
+        return verdict
+    return replace(verdict, reason=f"{verdict.reason} (The server type {unknown[:40]!r} is not one the culler "
+                   "knows; the notebook was probed as Jupyter, Kubeflow's default.)")
 
 
 def decide_view(view: NotebookView, observations: dict[str, Any], policy: Policy, now: datetime) -> Verdict:
@@ -356,5 +438,5 @@ def decide_view(view: NotebookView, observations: dict[str, Any], policy: Policy
     for rule in RULES:
         verdict = rule.check(ev, policy, now)
         if verdict is not None:
-            return verdict
+            return _named_unknown(ev, verdict)
     raise AssertionError("the last rule always decides")
