@@ -100,13 +100,15 @@ def _with_long_stopped(runner: Runner, fmt: str, text: str) -> str:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from kf_culler.report import render
+    from kf_culler.rule_check import loosening_rule_warnings
 
     runner = _synced_runner(args)
     if isinstance(runner, int):
         return runner
     warning = runner.settings.gpu_source_warning()
+    warnings = ([warning] if warning else []) + loosening_rule_warnings(runner.settings)
     try:
-        print(_with_long_stopped(runner, args.output, render(runner.once(), args.output, [warning] if warning else [])))
+        print(_with_long_stopped(runner, args.output, render(runner.once(), args.output, warnings)))
     finally:
         runner.close()
     return 0

@@ -115,7 +115,16 @@ class Cycle:
     # The culler's own record of each notebook (rule 15); None: no record is read or written (every notebook
     # is one the culler has no record of).
     records: RecordStore | None = None
+    # The Node of a name (its GPU model label, rule 17), when the culler reads Nodes; None: it does not.
+    nodes: Callable[[object], dict[str, Any] | None] | None = None
     _policies: dict[tuple[str, str], tuple[Policy, str]] = field(default_factory=dict, repr=False)
+
+    def node_for(self, pod: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The Node the pod runs on, when the culler reads Nodes (rule 17)."""
+        if self.nodes is None or not isinstance(pod, dict):
+            return None
+        spec = pod.get("spec")
+        return self.nodes(spec.get("nodeName")) if isinstance(spec, dict) else None
 
     def choose(self, nb: dict[str, Any], pod: dict[str, Any] | None) -> tuple[Policy, str]:
         """The notebook's policy and what chose it (kf_culler/policy.py), remembered for this pass."""
@@ -125,7 +134,7 @@ class Cycle:
         if self.namespace_labels is not None and self.settings.needs_namespace_labels:
             labels = self.namespace_labels(ns)
         try:
-            chosen = select_for(nb, pod, labels, self.settings)
+            chosen = select_for(nb, pod, labels, self.settings, self.node_for(pod))
         except InputError:  # not a notebook at all: deciding it says so
             chosen = (self.settings.policy_for(ns), DEFAULT_RULE)
         self._policies[(ns, name)] = chosen
@@ -157,7 +166,8 @@ class Cycle:
                 key = (str(meta.get("namespace")), str(meta.get("name")))
                 policy, _ = self.choose(nb, pod)
                 try:
-                    view = views[key] = NotebookView.of(nb, pod, policy, record=self._record_of(nb, started))
+                    view = views[key] = NotebookView.of(nb, pod, policy, node=self.node_for(pod),
+                                                        record=self._record_of(nb, started))
                     verdict = decide_view(view, {}, policy, started)
                 except InputError as err:
                     log.warning("skipping %s/%s: %s", *key, err)

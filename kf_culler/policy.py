@@ -64,11 +64,12 @@ def select(view: NotebookView, namespace_labels: Mapping[str, str] | None, setti
 
 
 def select_for(notebook: dict[str, Any], pod: dict[str, Any] | None, namespace_labels: Mapping[str, str] | None,
-               settings: Settings) -> tuple[Policy, str]:
-    """`select` from the API objects; raises InputError when they are not a notebook and a pod at all."""
+               settings: Settings, node: dict[str, Any] | None = None) -> tuple[Policy, str]:
+    """`select` from the API objects (and the pod's Node, for its GPU model); raises InputError when they are
+    not a notebook and a pod at all."""
     if not settings.rules:  # no rule: the namespace decides, and nothing else needs reading
         ns = metadata_of(notebook).get("namespace")
         if isinstance(ns, str) and ns in settings.overrides:
             return settings.overrides[ns], OVERRIDE_RULE_PREFIX + ns
         return settings.policy, DEFAULT_RULE
-    return select(NotebookView.of(notebook, pod, settings.policy), namespace_labels, settings)
+    return select(NotebookView.of(notebook, pod, settings.policy, node=node), namespace_labels, settings)

@@ -125,6 +125,7 @@ class Runner:
                 self.records = RecordStore(self.api, self.records_namespace or own_namespace())
             self.records.load(self.cache.record_objects())
             cycle.records = self.records
+            cycle.nodes = self.cache.node if self.cache.reads_nodes else None
         return cycle
 
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:

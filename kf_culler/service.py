@@ -13,6 +13,7 @@ from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube.lease import LeaderElector, ShardManager
 from kf_culler.kube.tokens import TokenReviewer
 from kf_culler.metrics import HealthServer, Metrics
+from kf_culler.rule_check import loosening_rule_warnings
 from kf_culler.runner import Runner, gpu_history_warning
 from kf_culler.stopped import long_stopped_in
 from kf_culler.telemetry import setup_logging, setup_tracing
@@ -91,6 +92,8 @@ def serve(runner: Runner, opts: Options) -> int:
     gpu_warning = runner.settings.gpu_source_warning()
     if gpu_warning:  # "GPU notebooks are never culled" is never silent (docs/configuration.md)
         log.warning("%s", gpu_warning)
+    for rule_warning in loosening_rule_warnings(runner.settings):  # rules any user can opt into
+        log.warning("%s", rule_warning)
     history_warning = gpu_history_warning(runner.settings)
     if history_warning:
         log.warning("%s", history_warning)

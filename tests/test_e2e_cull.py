@@ -26,7 +26,7 @@ from kf_culler.model import (
     WARNED_AT_ANNOTATION,
 )
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
-from kf_culler.runner import Runner
+from kf_culler.runner import Runner, own_namespace
 from kf_culler.service import instrument
 from kf_culler.timeutil import format_time, parse_time
 
@@ -220,11 +220,15 @@ def test_steady_passes_cost_no_writes_when_idle_one_per_step_when_active(
     other_writes: list[tuple[str, str]] = []
     real_request = api.rest_client.request  # every call the client makes goes through it
 
+    record_writes: list[int] = []  # the pass of each write of the culler's own record (rule 15)
+
     def counting_request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         if method != "GET":
             notebook = re.search(r"/notebooks/([^/?]+)", url)
             if method == "PATCH" and notebook:
                 patches[notebook.group(1)] += 1
+            elif "/configmaps" in url and f"/namespaces/{own_namespace()}/" in url:
+                record_writes.append(len(per_pass))
             else:
                 other_writes.append((method, url))
         return real_request(method, url, *args, **kwargs)
@@ -258,6 +262,9 @@ def test_steady_passes_cost_no_writes_when_idle_one_per_step_when_active(
         changed = [m for m in range(1, 31) if versions[name][m] != versions[name][m - 1]]
         assert changed == [m for m in range(1, 31) if per_pass[m][name]], (name, changed)
     assert other_writes == []  # no Event, no other object written while nothing is due
+    # The culler's record: each notebook's runningSince, once, in the first pass (one patch per record bucket,
+    # and the bucket's creation when it did not exist yet), nothing after.
+    assert record_writes and set(record_writes) == {0}
     assert metrics.registry.get_sample_value("kf_culler_api_writes_total", {"kind": "patch"}) == sum(patches.values())
     assert metrics.registry.get_sample_value("kf_culler_api_writes_total", {"kind": "event"}) is None
     busy = obj.get_notebook(api, namespace, "nb-busy")["metadata"]["annotations"]

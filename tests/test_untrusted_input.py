@@ -84,11 +84,19 @@ def running_pod(api: Any, namespace: str, notebook: str, started: datetime) -> N
     from kubernetes import client
 
     from kf_culler.kube import POD_LABEL
+    from kf_culler.local import objects
     from kf_culler.timeutil import format_time
 
+    from kubernetes.client.rest import ApiException
+
     core = client.CoreV1Api(api)
+    try:
+        owner = objects.pod_owner(objects.notebook_statefulset(api, namespace, notebook))
+    except ApiException as err:  # a name no StatefulSet may have (dots): such a notebook never runs in Kubeflow
+        assert err.status == 422
+        owner = []
     core.create_namespaced_pod(namespace, {
-        "metadata": {"name": f"{notebook}-0", "labels": {POD_LABEL: notebook}},
+        "metadata": {"name": f"{notebook}-0", "labels": {POD_LABEL: notebook}, "ownerReferences": owner},
         "spec": {"containers": [{"name": "main", "image": "notebook:local"}]}})
     core.patch_namespaced_pod_status(f"{notebook}-0", namespace, {"status": {
         "phase": "Running", "startTime": format_time(started)}})
@@ -107,7 +115,7 @@ def test_annotations_never_redirect_a_probe(api: Any, namespace: str, home: Faul
         "jup-twin": ("jupyter", {}),
         "cs-hostile": ("group-one", hostile),
         "cs-twin": ("group-one", {}),
-        # The server type itself a URL: an unknown type is probed by nothing at all.
+        # The server type itself a URL: an unknown type is probed as Jupyter, at the admin's URL (rule 16).
         "type-url": (f"http://user:pass@127.0.0.1:{attacker.port}/", {}),
     }
     for name, (server_type, ann) in fleet.items():
@@ -140,7 +148,7 @@ def test_annotations_never_redirect_a_probe(api: Any, namespace: str, home: Faul
         by_target.setdefault(s.target, []).append(s)
 
     expected = {
-        *(f"/notebook/{ns}/{name}/api/{part}{NO_TRACK}" for name in ("jup-hostile", "jup-twin")
+        *(f"/notebook/{ns}/{name}/api/{part}{NO_TRACK}" for name in ("jup-hostile", "jup-twin", "type-url")
           for part in ("status", "kernels", "terminals")),
         *(f"/cs/{ns}/{name}/healthz" for name in ("cs-hostile", "cs-twin")),
     }
@@ -157,11 +165,15 @@ def test_annotations_never_redirect_a_probe(api: Any, namespace: str, home: Faul
         hostile_v, twin_v = by_name[f"{kind}-hostile"].verdict, by_name[f"{kind}-twin"].verdict
         assert hostile_v.to_dict() == twin_v.to_dict()  # rule 11: the forged annotations changed nothing
         assert hostile_v.action == "stop"  # idle an hour, limit 30 min, "last-activity" says otherwise
-    assert by_name["type-url"].calls == [] and "jupyter" not in by_name["type-url"].observations
-    assert (by_name["type-url"].verdict.action, by_name["type-url"].verdict.state) == ("keep", "no-signal")
+    typed = by_name["type-url"]
+    assert [c.url.split("?")[0].rsplit("/", 2)[-2:] for c in typed.calls] == [
+        ["api", "status"], ["api", "kernels"], ["api", "terminals"]]
+    assert (typed.verdict.action, typed.verdict.state) == ("stop", "idle")
+    assert "probed as Jupyter" in typed.verdict.reason and "user:pass" in typed.verdict.reason  # named, cut short
+    # A dotted name cannot be a StatefulSet's: no pod of its own, so it is not probed at all.
     dotted = by_name[dotted_name]
-    assert dotted.calls == [] and "not a DNS label" in dotted.observations["jupyter"]["error"]
-    assert (dotted.verdict.action, dotted.verdict.state) == ("keep", "no-signal")
+    assert dotted.calls == [] and dotted.observations == {}
+    assert (dotted.verdict.action, dotted.verdict.state) == ("keep", "starting")
 
     # What the culler wrote back is the real idle time, not the forged one.
     for kind in ("jup", "cs"):
@@ -295,9 +307,12 @@ def test_annotations_that_do_decide_are_the_documented_ones() -> None:
     doc = dict(scenario_docs())["01-jupyter-idle-kernel.json"]
     base = verdict_for_document(doc)
     assert base.action == "stop"
-    for key, value in ((STOP_ANNOTATION, "lock"), (EXEMPT_ANNOTATION, "true"),
-                       (SERVER_TYPE_ANNOTATION, "group-one")):
+    for key, value in ((STOP_ANNOTATION, "lock"), (EXEMPT_ANNOTATION, "true")):
         assert verdict_for_document(with_annotation(doc, key, value)).action == "keep", key
+    # The server type picks the source read: code-server is not asked here, so the IDE gives no signal (and
+    # the GPU idle for 4 h is stopped by rule 16, not for idleness)
+    typed = verdict_for_document(with_annotation(doc, SERVER_TYPE_ANNOTATION, "group-one"))
+    assert (typed.state, typed.rule) == ("no-signal", "16-no-signal-gpu-idle")
     cfg_doc = copy.deepcopy(doc)
     cfg_doc["config"]["maxExtendMinutes"] = 600
     until = verdict_for_document(with_annotation(cfg_doc, KEEP_UNTIL_ANNOTATION, "2999-01-01T00:00:00Z"))

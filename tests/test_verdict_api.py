@@ -52,8 +52,9 @@ def call(port: int, path: str, token: str | None = None, method: str = "GET") ->
 def notebook_pod(api: Any, namespace: str, name: str) -> Any:
     """`<name>-0`, run by ServiceAccount default-editor (as Kubeflow's notebook pods are), Running an hour."""
     core = client.CoreV1Api(api)
+    owner = obj.pod_owner(obj.notebook_statefulset(api, namespace, name))
     pod = core.create_namespaced_pod(namespace, {
-        "metadata": {"name": f"{name}-0", "labels": {POD_LABEL: name, "statefulset": name}},
+        "metadata": {"name": f"{name}-0", "labels": {POD_LABEL: name, "statefulset": name}, "ownerReferences": owner},
         "spec": {"serviceAccountName": EDITOR, "automountServiceAccountToken": False,
                  "containers": [{"name": name, "image": "notebook:local"}]}})
     started = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kf_culler.kube import GROUP, PLURAL, POD_LABEL, VERSION
+from kf_culler.config import GPU_MODEL_LABEL
+from kf_culler.kube import GROUP, PLURAL, VERSION
+from kf_culler.kube.pairing import Orphan, pair
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -32,28 +34,74 @@ def _slim(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 POD_META = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
+CONTAINER_KEYS = ("name", "image", "resources")
+INIT_CONTAINER_KEYS = ("name", "image", "resources", "restartPolicy")
 
 
 def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a pod the culler reads (identity and labels, containers' images and resources,
-    phase and start time, the Ready condition and the containers' restarts and states). A notebook pod
-    with its sidecars, env and volumes is many kilobytes of JSON; 10,000 of them whole would be most of
-    the culler's memory."""
+def _controller_ref(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The controller ownerReference alone (pairing reads nothing else of the owners)."""
+    refs = meta.get("ownerReferences")
+    return [{k: r[k] for k in ("apiVersion", "kind", "name", "uid", "controller") if k in r}
+            for r in (refs if isinstance(refs, list) else []) if isinstance(r, dict) and r.get("controller") is True]
+
+
+def _kept_pod(meta: dict[str, Any]) -> bool:
+    """Pods a notebook can have: controlled by a StatefulSet, or named like a StatefulSet's first pod (a
+    notebook's pod taken from its StatefulSet is still `<name>-0`; kf_culler/kube/pairing.py reports it)."""
+    refs = _controller_ref(meta)
+    return any(r.get("kind") == "StatefulSet" for r in refs) or str(meta.get("name", "")).endswith("-0")
+
+
+def _slim_pod(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The parts of a pod the culler reads (identity, labels and its controller, containers' and init
+    containers' images and resources, the node, phase and start time, the Ready condition and the
+    containers' restarts and states); None for a pod no notebook can have. A notebook pod with its sidecars,
+    env and volumes is many kilobytes of JSON; 10,000 of them whole would be most of the culler's memory."""
     meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
-    containers = spec.get("containers")
-    containers = containers if isinstance(containers, list) else []
+    if not _kept_pod(meta):
+        return None
+
+    def some(key: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+        found = spec.get(key)
+        return [{k: c[k] for k in keys if k in c} for c in (found if isinstance(found, list) else [])
+                if isinstance(c, dict)]
+
+    pod_spec: dict[str, Any] = {"containers": some("containers", CONTAINER_KEYS)}
+    if isinstance(spec.get("initContainers"), list):
+        pod_spec["initContainers"] = some("initContainers", INIT_CONTAINER_KEYS)
+    if "nodeName" in spec:
+        pod_spec["nodeName"] = spec["nodeName"]
+    slim_meta = {k: meta[k] for k in POD_META if k in meta}
+    owners = _controller_ref(meta)
+    if owners:
+        slim_meta["ownerReferences"] = owners
     return {
         "apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Pod"),
-        "metadata": {k: meta[k] for k in POD_META if k in meta},
-        "spec": {"containers": [{k: c[k] for k in ("name", "image", "resources") if k in c}
-                                for c in containers if isinstance(c, dict)],
-                 **({"nodeName": spec["nodeName"]} if "nodeName" in spec else {})},
+        "metadata": slim_meta, "spec": pod_spec,
         "status": {**{k: status[k] for k in ("phase", "startTime") if k in status}, **_slim_health(status)},
     }
+
+
+def _slim_statefulset(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """A StatefulSet's identity and controller, for the ones a Notebook controls; None for the others."""
+    meta = _dict(obj.get("metadata"))
+    owners = _controller_ref(meta)
+    if not any(r.get("kind") == "Notebook" for r in owners):
+        return None
+    return {"metadata": {**{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
+                         "ownerReferences": owners}}
+
+
+def _slim_node(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """A Node's name and its GPU model label (rule 17); nothing else of a Node is read."""
+    meta = _dict(obj.get("metadata"))
+    labels = _dict(meta.get("labels"))
+    kept = {GPU_MODEL_LABEL: labels[GPU_MODEL_LABEL]} if GPU_MODEL_LABEL in labels else {}
+    return {"metadata": {"name": meta.get("name"), "labels": kept}}
 
 
 def _pick(obj: object, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -92,8 +140,11 @@ class _Collection:
 
     def __init__(self, name: str, lister: Callable[..., Any], stop: threading.Event,
                  label_selector: str | None = None, watch_timeout: int = 240,
-                 slim: Callable[[dict[str, Any]], dict[str, Any]] = _slim) -> None:
+                 slim: Callable[[dict[str, Any]], dict[str, Any] | None] = _slim, optional: bool = False) -> None:
         self.name = name
+        # optional: a collection the culler works without (Nodes, when its RBAC has none): a 403 ends it.
+        self.optional = optional
+        self.forbidden = False
         self.slim = slim
         self.lister = lister
         self.stop = stop
@@ -131,7 +182,9 @@ class _Collection:
             data = json.loads(resp.data)
             del resp
             for o in data.get("items") or []:
-                items[_key(o)] = self.slim(o)
+                kept = self.slim(o)
+                if kept is not None:
+                    items[_key(o)] = kept
             meta = data.get("metadata") or {}
             token = str(meta.get("continue") or "")
             if not token:
@@ -168,11 +221,12 @@ class _Collection:
                     if kind == "BOOKMARK":
                         continue
                     self.watch_events += 1
+                    kept = None if kind == "DELETED" else self.slim(obj)
                     with self.lock:
-                        if kind == "DELETED":
+                        if kept is None:
                             self.objects.pop(_key(obj), None)
                         else:
-                            self.objects[_key(obj)] = self.slim(obj)
+                            self.objects[_key(obj)] = kept
                 backoff = 0.5
             except ApiException as err:
                 if self.stop.is_set():
@@ -181,6 +235,10 @@ class _Collection:
                 if err.status == 410:
                     rv = ""
                     continue
+                if err.status == 403 and self.optional:
+                    self.forbidden = True
+                    log.warning("watch %s refused (HTTP 403): working without it", self.name)
+                    return
                 log.warning("watch %s failed: %s; retrying", self.name, err.reason)
                 rv = ""
                 self.stop.wait(backoff)
@@ -201,8 +259,10 @@ class _Collection:
 
     def put(self, obj: dict[str, Any]) -> None:
         """Record an object the culler itself just wrote (the watch will confirm it)."""
+        kept = self.slim(obj)
         with self.lock:
-            self.objects[_key(obj)] = self.slim(obj)
+            if kept is not None:
+                self.objects[_key(obj)] = kept
 
     def snapshot(self) -> dict[Key, dict[str, Any]]:
         with self.lock:
@@ -220,30 +280,40 @@ class ClusterCache:
         self.stop_event = threading.Event()
         custom = client.CustomObjectsApi(api_client)
         core = client.CoreV1Api(api_client)
+        apps = client.AppsV1Api(api_client)
         self.notebooks: list[_Collection] = []
         self.pods: list[_Collection] = []
+        self.statefulsets: list[_Collection] = []
         # The culler's own record (kf_culler/kube/records.py): ConfigMaps in its own namespace.
         self.records: list[_Collection] = [] if records_namespace is None else [_Collection(
             f"records/{records_namespace}", _bind(core.list_namespaced_config_map, records_namespace),
             self.stop_event, RECORDS_SELECTOR)]
+        # Nodes for their GPU model (rule 17); optional: without the RBAC to read them, models come from the
+        # notebook's template as before, and the culler says so once.
+        self.nodes = _Collection("nodes", core.list_node, self.stop_event, slim=_slim_node, optional=True)
         if namespaces:
             for ns in namespaces:
                 self.notebooks.append(_Collection(
                     f"notebooks/{ns}", _bind(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL),
                     self.stop_event))
                 self.pods.append(_Collection(f"pods/{ns}", _bind(core.list_namespaced_pod, ns),
-                                             self.stop_event, POD_LABEL, slim=_slim_pod))
+                                             self.stop_event, slim=_slim_pod))
+                self.statefulsets.append(_Collection(f"statefulsets/{ns}", _bind(apps.list_namespaced_stateful_set, ns),
+                                                     self.stop_event, slim=_slim_statefulset))
         else:
             self.notebooks.append(_Collection(
                 "notebooks", _bind(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL), self.stop_event))
-            self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, POD_LABEL,
-                                         slim=_slim_pod))
+            self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, slim=_slim_pod))
+            self.statefulsets.append(_Collection("statefulsets", apps.list_stateful_set_for_all_namespaces,
+                                                 self.stop_event, slim=_slim_statefulset))
+        self.orphans: list[Orphan] = []  # pods named like a notebook's that its ownership chain does not reach
 
     def _all(self) -> list[_Collection]:
-        return self.notebooks + self.pods + self.records
+        """The collections a pass needs synced (Nodes are optional: see `nodes`)."""
+        return self.notebooks + self.pods + self.statefulsets + self.records
 
     def start(self) -> None:
-        for c in self._all():
+        for c in [*self._all(), self.nodes]:
             c.thread.start()
 
     def wait_synced(self, timeout: float) -> bool:
@@ -258,22 +328,35 @@ class ClusterCache:
         """Stop watching: the watch threads end and their connections close now, not at their timeout
         (an API server shutting down waits for open watches)."""
         self.stop_event.set()
-        for c in self._all():
+        for c in [*self._all(), self.nodes]:
             c.interrupt()
 
     def snapshot(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
-        """Every notebook with its pod (`<name>-0`, else any pod labelled with its name), sorted."""
+        """Every notebook with its pod, sorted: `<name>-0` owned by the StatefulSet `<name>` that the Notebook
+        (by uid) controls, else None (kf_culler/kube/pairing.py). The pods that chain does not reach are kept
+        in `orphans` until the next snapshot."""
         notebooks: dict[Key, dict[str, Any]] = {}
         for c in self.notebooks:
             notebooks.update(c.snapshot())
-        pods_by_nb: dict[Key, dict[str, Any]] = {}
+        statefulsets: dict[Key, dict[str, Any]] = {}
+        for c in self.statefulsets:
+            statefulsets.update(c.snapshot())
+        pods: dict[Key, dict[str, Any]] = {}
         for c in self.pods:
-            for (ns, pod_name), pod in c.snapshot().items():
-                nb = str(((pod.get("metadata") or {}).get("labels") or {}).get(POD_LABEL, ""))
-                key = (ns, nb)
-                if key not in pods_by_nb or pod_name == f"{nb}-0":
-                    pods_by_nb[key] = pod
-        return [(notebooks[k], pods_by_nb.get(k)) for k in sorted(notebooks)]
+            pods.update(c.snapshot())
+        paired, self.orphans = pair(notebooks, statefulsets, pods)
+        return paired
+
+    def node(self, name: object) -> dict[str, Any] | None:
+        """The cached Node (its GPU model label), or None when unknown or Nodes cannot be read."""
+        if not isinstance(name, str) or not name:
+            return None
+        with self.nodes.lock:
+            return self.nodes.objects.get(("", name))
+
+    @property
+    def reads_nodes(self) -> bool:
+        return self.nodes.synced.is_set() and not self.nodes.forbidden
 
     def record_objects(self) -> list[dict[str, Any]]:
         """The ConfigMaps that hold the culler's records, as the watch has them."""

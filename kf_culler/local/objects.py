@@ -59,8 +59,44 @@ def patch_annotations(api: Any, namespace: str, name: str, annotations: dict[str
     return nb
 
 
+def notebook_statefulset(api: Any, namespace: str, notebook_name: str) -> dict[str, Any]:
+    """The StatefulSet `<name>` the notebook-controller makes for a Notebook (controlled by it, by uid), made
+    if missing: the culler pairs a notebook with its pod through this ownership chain."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    apps = client.AppsV1Api(api)
+    try:
+        found: dict[str, Any] = client.ApiClient().sanitize_for_serialization(
+            apps.read_namespaced_stateful_set(notebook_name, namespace))
+        return found
+    except ApiException as err:
+        if err.status != 404:
+            raise
+    nb = get_notebook(api, namespace, notebook_name)
+    labels = {"statefulset": notebook_name}
+    body = {"metadata": {"name": notebook_name, "ownerReferences": [{
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "Notebook", "name": notebook_name,
+                "uid": nb["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]},
+            "spec": {"replicas": 1, "serviceName": "", "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": notebook_name, "image": "notebook:local"}]}}}}
+    made: dict[str, Any] = client.ApiClient().sanitize_for_serialization(
+        apps.create_namespaced_stateful_set(namespace, body))
+    return made
+
+
+def pod_owner(statefulset: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ownerReferences of a pod the StatefulSet controls."""
+    meta = statefulset["metadata"]
+    return [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": meta["name"], "uid": meta["uid"],
+             "controller": True, "blockOwnerDeletion": True}]
+
+
 def running_pod(api: Any, namespace: str, notebook_name: str, started: datetime, gpus: int = 0) -> dict[str, Any]:
-    """Create `<name>-0` for the notebook and mark it Running since `started`."""
+    """Create `<name>-0` for the notebook, controlled by its StatefulSet (made if missing, controlled by the
+    Notebook), and mark it Running since `started`. On an API-server-only cluster no controller acts on
+    either: they stand for what the notebook-controller and the StatefulSet controller make."""
     from kubernetes import client
 
     core = client.CoreV1Api(api)
@@ -69,8 +105,10 @@ def running_pod(api: Any, namespace: str, notebook_name: str, started: datetime,
         resources["limits"] = {"nvidia.com/gpu": str(gpus)}
         resources["requests"]["nvidia.com/gpu"] = str(gpus)
     pod_name = f"{notebook_name}-0"
+    sts = notebook_statefulset(api, namespace, notebook_name)
     core.create_namespaced_pod(namespace, {
-        "metadata": {"name": pod_name, "labels": {POD_LABEL: notebook_name, "statefulset": notebook_name}},
+        "metadata": {"name": pod_name, "labels": {POD_LABEL: notebook_name, "statefulset": notebook_name},
+                     "ownerReferences": pod_owner(sts)},
         "spec": {"containers": [{"name": notebook_name, "image": "notebook:local", "resources": resources}]}})
     pod = core.patch_namespaced_pod_status(pod_name, namespace, {"status": {
         "phase": "Running", "startTime": format_time(started),
