@@ -115,6 +115,8 @@ class Cycle:
     # The culler's own record of each notebook (rule 15); None: no record is read or written (every notebook
     # is one the culler has no record of).
     records: RecordStore | None = None
+    # What the culler confirmed keeps its probes out of a namespace (rule 16's accessProblem), or None.
+    access_problem: Callable[[str], str | None] | None = None
     # The Node of a name (its GPU model label, rule 17), when the culler reads Nodes; None: it does not.
     nodes: Callable[[object], dict[str, Any] | None] | None = None
     _policies: dict[tuple[str, str], tuple[Policy, str]] = field(default_factory=dict, repr=False)
@@ -166,8 +168,9 @@ class Cycle:
                 key = (str(meta.get("namespace")), str(meta.get("name")))
                 policy, _ = self.choose(nb, pod)
                 try:
+                    problem = self.access_problem(key[0]) if self.access_problem is not None else None
                     view = views[key] = NotebookView.of(nb, pod, policy, node=self.node_for(pod),
-                                                        record=self._record_of(nb, started))
+                                                        record=self._record_of(nb, started), access_problem=problem)
                     verdict = decide_view(view, {}, policy, started)
                 except InputError as err:
                     log.warning("skipping %s/%s: %s", *key, err)

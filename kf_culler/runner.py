@@ -126,6 +126,8 @@ class Runner:
             self.records.load(self.cache.record_objects())
             cycle.records = self.records
             cycle.nodes = self.cache.node if self.cache.reads_nodes else None
+        if self.policies is not None and self.policies.enabled:
+            cycle.access_problem = self.policies.access_problem
         return cycle
 
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:

@@ -41,3 +41,31 @@ def namespace(kube: KubeTarget) -> Iterator[str]:
 @pytest.fixture()
 def api(kube: KubeTarget) -> Any:
     return kube.api_client()
+
+
+@pytest.fixture(scope="session")
+def full_cluster() -> Iterator[Any]:
+    """One local cluster in "full" mode (kube-controller-manager, kube-scheduler, kwok playing a node with
+    one nvidia.com/gpu) for every test that needs it, with Kubeflow's notebook-controller started on first
+    use (`notebook_controller` below). Tests using it delete their namespace's pods before they end."""
+    from kf_culler.local.handoff import Unavailable, open_full_cluster
+
+    try:
+        with open_full_cluster() as c:
+            yield c
+    except Unavailable as why:
+        missing("the full local cluster", why)
+
+
+@pytest.fixture()
+def notebook_controller(full_cluster: Any) -> Any:
+    """The full cluster, with Kubeflow's notebook-controller running on it."""
+    from kf_culler.local.cluster import NotebookControllerUnavailable
+    from kf_culler.local.handoff import start_controller
+
+    if "notebook-controller" not in full_cluster.procs:
+        try:
+            start_controller(full_cluster)
+        except NotebookControllerUnavailable as why:
+            missing("Kubeflow's notebook-controller", why)
+    return full_cluster

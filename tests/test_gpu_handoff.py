@@ -11,24 +11,17 @@ which the culler queries as it would a cluster's; A's GPU reads idle, then B's r
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from need import missing
 
 from kf_culler.local.cluster import (
     GPU_NODE,
     LocalCluster,
-    NotebookControllerUnavailable,
-    notebook_controller_binary,
 )
 from kf_culler.local.handoff import (
     INSUFFICIENT_GPU,
     GpuHandoff,
-    Unavailable,
-    open_full_cluster,
-    start_controller,
 )
 from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
 from kf_culler.plan import EVENT_STOP
@@ -36,15 +29,10 @@ from kf_culler.plan import EVENT_STOP
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    try:
-        binary = notebook_controller_binary()  # before the cluster: a skip costs no start-up
-        with open_full_cluster() as c:
-            start_controller(c, binary)
-            yield c
-    except (Unavailable, NotebookControllerUnavailable) as why:
-        missing("the full local cluster with Kubeflow's notebook-controller", why)
+@pytest.fixture()
+def cluster(notebook_controller: LocalCluster) -> LocalCluster:
+    """The session's full cluster with Kubeflow's notebook-controller (tests/conftest.py)."""
+    return notebook_controller
 
 
 def _events(scenario: GpuHandoff, name: str) -> list[dict[str, Any]]:

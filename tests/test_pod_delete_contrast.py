@@ -12,8 +12,6 @@ no notebook-controller; the "notebook" variant goes through Notebooks and Kubefl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from need import missing
 
@@ -22,8 +20,6 @@ from kf_culler.local.handoff import (
     INSUFFICIENT_GPU,
     GpuHandoff,
     PodView,
-    Unavailable,
-    open_full_cluster,
     start_controller,
 )
 from kf_culler.model import STOP_ANNOTATION
@@ -31,13 +27,10 @@ from kf_culler.model import STOP_ANNOTATION
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    try:
-        with open_full_cluster() as c:
-            yield c
-    except Unavailable as why:
-        missing("the full local cluster", why)
+@pytest.fixture()
+def cluster(full_cluster: LocalCluster) -> LocalCluster:
+    """The session's full cluster (tests/conftest.py)."""
+    return full_cluster
 
 
 @pytest.fixture(params=["statefulset", "notebook"])

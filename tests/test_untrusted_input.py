@@ -82,12 +82,11 @@ def hostile_annotations(attacker: FaultyServer) -> dict[str, str]:
 def running_pod(api: Any, namespace: str, notebook: str, started: datetime) -> None:
     """`<name>-0`, Running since `started`, with a container name that is valid for any notebook name."""
     from kubernetes import client
+    from kubernetes.client.rest import ApiException
 
     from kf_culler.kube import POD_LABEL
     from kf_culler.local import objects
     from kf_culler.timeutil import format_time
-
-    from kubernetes.client.rest import ApiException
 
     core = client.CoreV1Api(api)
     try:

@@ -89,6 +89,7 @@ class ReconcileResult:
     unchanged: list[str] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)  # a kf-culler-probes without our label: left alone
     errors: list[str] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)  # namespace -> why ours could not be put in place
 
     @property
     def writes(self) -> int:
@@ -121,6 +122,13 @@ class PolicyKeeper:
         self.reconciles = 0
         self.last: ReconcileResult | None = None
         self._last_errors: list[str] = []
+        # Namespaces where the culler confirmed its own access is missing: its policy could not be put in
+        # place (rule 16's accessProblem). Read from the mesh's policies, which profile users cannot write.
+        self.problems: dict[str, str] = {}
+
+    def access_problem(self, namespace: str) -> str | None:
+        """What keeps the culler's probes out of a namespace, when it has confirmed it (else None)."""
+        return self.problems.get(namespace)
 
     @classmethod
     def for_settings(cls, settings: Settings, api_client: Any, dry_run: bool = False) -> PolicyKeeper:
@@ -202,8 +210,13 @@ class PolicyKeeper:
                 if err.status == 403 and "being terminated" in str(err.body or ""):  # the namespace is going
                     continue
                 result.errors.append(_api_error(err, f"{ns}/{NAME}"))
+                result.missing[ns] = result.errors[-1]
             except Exception as err:
                 result.errors.append(_api_error(err, f"{ns}/{NAME}"))
+        self.problems = {ns: (f"its Istio AuthorizationPolicy {NAME} is not in place in namespace {ns} ({why}); "
+                              "an administrator must let the culler create it (kustomize/components/istio-policies) "
+                              "or apply it by hand (docs/install.md, Istio).")
+                         for ns, why in result.missing.items()}
         return self._done(result)
 
     def _done(self, result: ReconcileResult) -> ReconcileResult:

@@ -263,6 +263,11 @@ class LocalCluster:
         path.chmod(0o600)
         return path
 
+    def user_kubeconfig(self, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig for a person (a client certificate for `user` in `groups`), e.g. a profile user."""
+        stem = "user-" + "".join(ch if ch.isalnum() else "-" for ch in user)
+        return self._client_kubeconfig(stem, user, groups)
+
     def _start_full(self, bins: Path) -> None:
         assert self.ca is not None and self._sa is not None
         kcm = self._client_kubeconfig("kube-controller-manager", "system:kube-controller-manager")
