@@ -46,6 +46,10 @@ class Metrics:
         self.notifications = Counter("kf_culler_notifications", "Notices of warnings and stops, by channel, kind "
                                      "and outcome (sent, failed, dropped, no-recipient)",
                                      ["channel", "kind", "outcome"], registry=r)
+        self._orphan_namespaces: set[str] = set()
+        self.orphaned = Gauge("kf_culler_orphaned_gpu_pods", "Pods named like a notebook's pod, holding a GPU, "
+                              "that the notebook's ownership chain does not reach (docs/observability.md)",
+                              ["namespace"], registry=r)
         self.leader = Gauge("kf_culler_leader", "1 while this replica holds the lease", registry=r)
         self.long_stopped = Gauge("kf_culler_long_stopped_notebooks", "Notebooks stopped longer than "
                                   "longStoppedDays, by whether they request a GPU", ["gpu"], registry=r)
@@ -84,13 +88,29 @@ class Metrics:
         self.long_stopped.labels("true").set(gpu)
         self.long_stopped.labels("false").set(len(found) - gpu)
 
+    def observe_orphans(self, gpu_orphans_by_namespace: dict[str, int]) -> None:
+        for ns in list(self._orphan_namespaces - set(gpu_orphans_by_namespace)):
+            self.orphaned.remove(ns)
+        for ns, n in gpu_orphans_by_namespace.items():
+            self.orphaned.labels(ns).set(n)
+        self._orphan_namespaces = set(gpu_orphans_by_namespace)
+
     def account_reclaimed(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime,
-                          gpu_resources: tuple[str, ...]) -> None:
-        """Add GPUs x elapsed time for every notebook this culler stopped and nobody restarted yet."""
+                          gpu_resources: tuple[str, ...],
+                          stopped_by_culler: Callable[[dict[str, Any]], bool] | None = None,
+                          orphaned: frozenset[tuple[str, str]] = frozenset()) -> None:
+        """Add GPUs x elapsed time for every notebook this culler stopped and nobody restarted yet: stopped, and
+        by the culler's own record when one is given (`stopped_by_culler`; else its stopped-by mark), and not
+        one whose pod was taken from its StatefulSet (`orphaned`): that GPU is still held."""
         seen = set()
         for nb, _pod in items:
-            ann = (nb.get("metadata") or {}).get("annotations") or {}
-            if STOP_ANNOTATION not in ann or ann.get(STOPPED_BY_ANNOTATION) != STOPPED_BY_VALUE:
+            meta = nb.get("metadata") or {}
+            ann = meta.get("annotations") or {}
+            if STOP_ANNOTATION not in ann or (str(meta.get("namespace")), str(meta.get("name"))) in orphaned:
+                continue
+            ours = stopped_by_culler(nb) if stopped_by_culler is not None else (
+                ann.get(STOPPED_BY_ANNOTATION) == STOPPED_BY_VALUE)
+            if not ours:
                 continue
             gpus = gpu_count(nb, None, gpu_resources)
             if gpus <= 0:

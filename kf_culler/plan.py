@@ -29,6 +29,7 @@ from kf_culler.timeutil import format_time, parse_time
 EVENT_STOP = "IdleNotebookStopped"
 EVENT_WARN = "IdleNotebookWarning"
 EVENT_RESTART = "NotebookRestarted"
+EVENT_ORPHAN = "GpuPodOrphaned"  # a GPU pod the notebook's ownership chain does not reach (kf_culler/runner.py)
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from kf_culler.config import Settings
 from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, utcnow
 from kf_culler.kube.cache import ClusterCache
 from kf_culler.kube.istio import PolicyKeeper
+from kf_culler.kube.pairing import Orphan
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer
 from kf_culler.memory import settle as settle_memory
+from kf_culler.plan import EVENT_ORPHAN, EventSpec
 from kf_culler.sources.bulk import BulkSource
 
 log = logging.getLogger("kf_culler")
@@ -102,6 +105,10 @@ class Runner:
     # Where the culler keeps its record of notebooks (kf_culler/kube/records.py); None: `own_namespace()`.
     records_namespace: str | None = None
     records: RecordStore | None = None
+    # GPU pods that no notebook's ownership chain reaches (kf_culler/kube/pairing.py), after the last pass.
+    gpu_orphans: list[Orphan] = field(default_factory=list)
+    _orphans_told: set[str] = field(default_factory=set)
+    _event_writer: Writer | None = None
 
     def build_cycle(self) -> Cycle:
         if self._sources is None:
@@ -159,6 +166,7 @@ class Runner:
         snapshot = cache.snapshot()
         result = cycle.run(snapshot)
         self._keep_records(snapshot)
+        self._report_orphans(snapshot, result.now)
         if self.policies is None:
             self.policies = PolicyKeeper.for_settings(self.settings, self.api, self.dry_run)
         self.policies.after_pass(snapshot, self.may_write, self.owns or (lambda _ns: True))
@@ -179,6 +187,34 @@ class Runner:
             selects, owns = self.settings.operations.namespaces.selects, self.owns or (lambda _ns: True)
             self.records.sweep(live, lambda ns: selects(ns) and owns(ns))
         self.records.flush()
+
+    def _report_orphans(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime) -> None:
+        """Pods named `<name>-0` that hold a GPU but that the notebook's ownership chain does not reach (a user
+        relabelled the pod off its StatefulSet): stopping the notebook frees nothing, and the culler does not
+        delete pods. Kept in `gpu_orphans` (a metric), logged, and told once per pod with a Warning Event on the
+        Notebook, which its namespace's users and the admin see."""
+        if self.cache is None:
+            return
+        from kf_culler.notebook import gpu_count
+
+        resources = self.settings.policy.gpu_resources
+        self.gpu_orphans = [o for o in self.cache.orphans if gpu_count({}, o.pod, resources) > 0]
+        notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
+                     for nb, _ in snapshot}
+        writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
+        for o in self.gpu_orphans:
+            uid = str((o.pod.get("metadata") or {}).get("uid"))
+            if uid in self._orphans_told or not (self.owns is None or self.owns(o.namespace)):
+                continue
+            self._orphans_told.add(uid)
+            message = (f"The pod {o.notebook}-0 holds a GPU but is not this notebook's running pod ({o.why}): "
+                       "stopping the notebook would not free that GPU. An administrator must delete the pod.")
+            log.warning("%s/%s: %s", o.namespace, o.notebook, message)
+            nb = notebooks.get((o.namespace, o.notebook))
+            if writes and nb is not None:
+                if self._event_writer is None:
+                    self._event_writer = Writer(self.api)
+                self._event_writer.event(nb, EventSpec("Warning", EVENT_ORPHAN, message), now)
 
     def loop(self, max_cycles: int | None = None) -> None:
         period = self.settings.operations.check_period_seconds

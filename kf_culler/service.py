@@ -65,7 +65,18 @@ def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None =
             owns = runner.owns
             if owns is not None:  # with shards, each replica accounts for its own shards' notebooks
                 items = [(nb, pod) for nb, pod in items if owns(str((nb.get("metadata") or {}).get("namespace")))]
-            metrics.account_reclaimed(items, result.now, gpu_resources)
+            records = runner.records
+            orphaned = frozenset((o.namespace, o.notebook) for o in runner.gpu_orphans)
+            by_ns: dict[str, int] = {}
+            for o in runner.gpu_orphans:
+                by_ns[o.namespace] = by_ns.get(o.namespace, 0) + 1
+            metrics.observe_orphans(by_ns)
+
+            def ours(nb: dict[str, Any]) -> bool:  # the culler's own record says it stopped the notebook
+                found = records.get(str((nb.get("metadata") or {}).get("uid"))) if records is not None else None
+                return found is not None and found.stopped_at is not None
+
+            metrics.account_reclaimed(items, result.now, gpu_resources, ours, orphaned)
             metrics.observe_long_stopped(long_stopped_in(runner.settings, (nb for nb, _ in items), result.now))
         log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)
 

@@ -1,0 +1,99 @@
+"""A notebook's pod is found by name and ownership, never by labels (rule 15); a GPU pod taken from its
+StatefulSet is reported, not counted as reclaimed. Pure pairing, then on the real API server."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kf_culler.config import load_mapping
+from kf_culler.kube.pairing import pair
+from kf_culler.local import objects as obj
+from kf_culler.metrics import Metrics
+from kf_culler.plan import EVENT_ORPHAN
+from kf_culler.runner import Runner
+from kf_culler.service import instrument
+
+
+def _nb(name: str, uid: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": name, "uid": uid, "labels": labels or {}}}
+
+
+def _owned(name: str, kind: str, owner: str, owner_uid: str, uid: str = "") -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": name, "uid": uid or f"uid-{name}", "ownerReferences": [
+        {"kind": kind, "name": owner, "uid": owner_uid, "controller": True}]}}
+
+
+def test_the_ownership_chain_pairs_and_labels_do_not() -> None:
+    notebooks = {("ns", "a"): _nb("a", "nb-a", {"notebook-name": "decoy"}), ("ns", "b"): _nb("b", "nb-b"),
+                 ("ns", "c"): _nb("c", "nb-c"), ("ns", "d"): _nb("d", "nb-d")}
+    sts = {("ns", "a"): _owned("a", "Notebook", "a", "nb-a", "sts-a"),
+           ("ns", "b"): _owned("b", "Notebook", "b", "another-uid", "sts-b"),  # not this Notebook's
+           ("ns", "c"): _owned("c", "Notebook", "c", "nb-c", "sts-c")}
+    pods = {("ns", "a-0"): _owned("a-0", "StatefulSet", "a", "sts-a"),
+            ("ns", "b-0"): _owned("b-0", "StatefulSet", "b", "sts-b"),
+            ("ns", "c-0"): {"metadata": {"namespace": "ns", "name": "c-0", "labels": {"statefulset": "c"}}},
+            ("ns", "decoy-0"): _owned("decoy-0", "StatefulSet", "a", "sts-a")}
+    paired, orphans = pair(notebooks, sts, pods)
+    by_name = {nb["metadata"]["name"]: pod for nb, pod in paired}
+    assert by_name["a"] is pods[("ns", "a-0")]  # a relabelled Notebook is still paired
+    assert by_name["b"] is None and by_name["c"] is None and by_name["d"] is None
+    assert sorted((o.notebook, o.why) for o in orphans) == [
+        ("b", "the StatefulSet b is not controlled by this Notebook"),
+        ("c", "the pod is not controlled by the StatefulSet c")]
+
+
+@pytest.mark.cluster
+def test_a_gpu_pod_taken_from_its_statefulset_is_reported_once(api: Any, namespace: str) -> None:
+    """A user relabels their GPU pod off the StatefulSet (here: the pod has no controller): the notebook has no
+    running pod of its own (`starting`), the pod is reported with a Warning Event once and counted by the
+    metric."""
+    core = client.CoreV1Api(api)
+    obj.create_notebook(api, namespace, obj.notebook("nb", gpus=1))
+    obj.notebook_statefulset(api, namespace, "nb")
+    core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "nb-0", "labels": {"app": "mine"}},
+        "spec": {"containers": [{"name": "nb", "image": "notebook:local",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    core.patch_namespaced_pod_status("nb-0", namespace, {"status": {
+        "phase": "Running", "startTime": (datetime.now(UTC) - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")}})
+    obj.create_notebook(api, namespace, obj.notebook("ok"))
+    obj.running_pod(api, namespace, "ok", datetime.now(UTC) - timedelta(hours=2))
+    time.sleep(1)
+    runner = Runner(load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600}, "test"), api)
+    metrics = Metrics()
+    instrument(runner, metrics)
+    with runner:
+        first = {r.name: r for r in runner.once().results}
+        second = {r.name: r for r in runner.once().results}
+    assert (first["nb"].verdict.state, first["nb"].verdict.rule) == ("starting", "3-starting")
+    assert second["ok"].verdict.rule != "3-starting"  # the control: an owned pod is paired
+    assert [(o.notebook, o.why) for o in runner.gpu_orphans] == [("nb", "the pod is not controlled by the "
+                                                                          "StatefulSet nb")]
+    events = [e for e in obj.events_for(api, namespace, "nb") if e.reason == EVENT_ORPHAN]
+    assert len(events) == 1 and "holds a GPU" in events[0].message and events[0].type == "Warning"
+    assert metrics.registry.get_sample_value("kf_culler_orphaned_gpu_pods", {"namespace": namespace}) == 1
+
+
+def test_reclaimed_gpu_time_counts_only_the_cullers_own_stops_of_unorphaned_notebooks() -> None:
+    from kf_culler.model import STOP_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
+
+    now = datetime.now(UTC)
+    ann = {STOP_ANNOTATION: "2026-01-01T00:00:00Z", STOPPED_BY_ANNOTATION: STOPPED_BY_VALUE}
+    items: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    for name in ("ours", "forged", "orphaned"):
+        nb = obj.notebook(name, gpus=1, annotations=ann)
+        nb["metadata"].update({"namespace": "ns", "uid": name})
+        items.append((nb, None))
+    metrics = Metrics()
+
+    def recorded(nb: dict[str, Any]) -> bool:  # the culler's record knows "ours" and "orphaned" only
+        return nb["metadata"]["uid"] in ("ours", "orphaned")
+
+    for t in (now, now + timedelta(hours=1)):
+        metrics.account_reclaimed(items, t, ("nvidia.com/gpu",), recorded, frozenset({("ns", "orphaned")}))
+    assert metrics.registry.get_sample_value("kf_culler_gpu_hours_reclaimed_total") == pytest.approx(1.0, abs=0.01)
