@@ -63,7 +63,7 @@ from fleet_server import CROSS_NAMESPACE, FleetSpec, Member, cross_time, lookup,
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE", "DELETECOLLECTION"}
 LAST_ACTIVITY = "notebooks.kubeflow.org/last-activity"
 CHECK_TIMESTAMP = "notebooks.kubeflow.org/last_activity_check_timestamp"
-RESOURCES = {"notebooks", "pods", "events", "leases"}
+RESOURCES = {"notebooks", "pods", "statefulsets", "nodes", "configmaps", "events", "leases"}
 
 
 def log(msg: str) -> None:
@@ -141,12 +141,13 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
     limit = asyncio.Semaphore(concurrency)
     now = _stamp(time.time())
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=concurrency)) as s:
-        async def call(method: str, path: str, body: Any, ctype: str = "application/json") -> None:
+        async def call(method: str, path: str, body: Any, ctype: str = "application/json") -> dict[str, Any]:
             for attempt in range(5):
                 async with s.request(method, server + path, data=json.dumps(body),
                                      headers={"Content-Type": ctype}) as r:
-                    if r.status < 300 or (r.status == 409 and method == "POST"):
-                        return
+                    if r.status < 300:
+                        made: dict[str, Any] = await r.json()
+                        return made
                     text = await r.text()
                     if r.status not in (429, 500, 503) or attempt == 4:
                         raise RuntimeError(f"{method} {path}: HTTP {r.status}: {text[:300]}")
@@ -167,7 +168,7 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
             if gpus:
                 resources = {"requests": {"cpu": "100m", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
             pod = {"metadata": {"name": f"{m.name}-0", "namespace": m.namespace,
-                                "labels": {"notebook-name": m.name, "statefulset": m.name}},
+                                "labels": {"notebook-name": m.name, "statefulset": m.name}},  # owner: below
                    "spec": {"containers": [{"name": m.name, "image": "notebook:local", "resources": resources}]}}
             started = _stamp(spec.pod_started)
             status = {"status": {"phase": "Running", "startTime": started,
@@ -176,12 +177,29 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
                                                         "image": "notebook:local", "imageID": "",
                                                         "state": {"running": {"startedAt": started}}}]}}
             async with limit:
-                await call("POST", f"/apis/kubeflow.org/v1/namespaces/{m.namespace}/notebooks", body)
+                # The ownership chain the notebook-controller makes: Notebook -> StatefulSet <name> -> pod <name>-0
+                # (the culler pairs a notebook with its pod through it).
+                made = await call("POST", f"/apis/kubeflow.org/v1/namespaces/{m.namespace}/notebooks", body)
+                sts = await call("POST", f"/apis/apps/v1/namespaces/{m.namespace}/statefulsets",
+                                 statefulset(m.name, made["metadata"]["uid"]))
+                pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                                       "name": m.name, "uid": sts["metadata"]["uid"],
+                                                       "controller": True}]
                 await call("POST", f"/api/v1/namespaces/{m.namespace}/pods", pod)
                 await call("PATCH", f"/api/v1/namespaces/{m.namespace}/pods/{m.name}-0/status", status,
                            "application/merge-patch+json")
 
         await asyncio.gather(*(one(m) for m in members(spec)))
+
+
+def statefulset(name: str, notebook_uid: str) -> dict[str, Any]:
+    """The StatefulSet the notebook-controller makes for a Notebook, controlled by it (nothing runs it here)."""
+    labels = {"statefulset": name}
+    return {"metadata": {"name": name, "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "Notebook",
+                                                            "name": name, "uid": notebook_uid, "controller": True}]},
+            "spec": {"replicas": 1, "serviceName": "", "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": name, "image": "notebook:local"}]}}}}
 
 
 # -- the culler child ----------------------------------------------------------------------------------

@@ -73,6 +73,7 @@ class NotebookResult:
     plan: Plan | None = None
     write: WriteResult | None = None
     trace_id: str | None = None
+    record: CullerRecord | None = None  # the culler's own record of the notebook, as the pass read it
 
 
 @dataclass
@@ -294,7 +295,8 @@ class Cycle:
                 "kf_culler.action": verdict.action, "kf_culler.state": verdict.state,
                 "kf_culler.rule": verdict.rule, "kf_culler.reason": verdict.reason,
                 "kf_culler.idle_seconds": verdict.idle_seconds or 0.0, "kf_culler.gpus": view.gpus})
-            result = NotebookResult(ns, name, stype, view.gpus, verdict, observations, calls, trace_id=trace_id)
+            result = NotebookResult(ns, name, stype, view.gpus, verdict, observations, calls, trace_id=trace_id,
+                                    record=view.record)
             step = self.settings.operations.last_activity_step_minutes
             result.plan = plan(view, verdict, now, step, trace_id)
             if result.plan.empty:

@@ -91,6 +91,9 @@ def explain(r: NotebookResult, notifications: str | None = None) -> str:
     for call in r.calls:
         out.append(f"  GET {call.url} -> {call.status or '-'} in {call.seconds * 1000:.0f} ms"
                    + (f" ({call.error})" if call.error else ""))
+    out.append("")
+    out.append("The culler's record (rule 15; ConfigMaps kf-culler-records-* in its namespace): "
+               + (json.dumps(r.record.to_dict()) if r.record is not None and not r.record.empty else "none"))
     if notifications is not None:
         out.append("")
         out.append(f"Notifications: {notifications}")

@@ -1,7 +1,9 @@
 """components/exempt-admission on the real API server: only admins set, change or remove
 notebook-culler.io/exempt; keep-until is bounded by the culler's Lease clock; everything else that
 writes Notebooks (the culler's marks, the web app's Start/Stop, the notebook-controller, a user's
-other annotations) passes.
+other annotations) passes. The defence-in-depth policies: only the culler (and admins) add or change
+its marks; server-type is one Kubeflow knows; the Notebook label notebook-name is the Notebook's name;
+a notebook pod's statefulset and notebook-name labels stay as the controllers set them.
 
 The component is rendered with `kubectl kustomize` inside a throw-away overlay that sets the admin
 group (a patch of the ConfigMap kf-culler-exempt-admission, as docs/install.md says) and, for this test
@@ -35,8 +37,14 @@ from kf_culler.model import (
     IDLE_SINCE_ANNOTATION,
     KEEP_UNTIL_ANNOTATION,
     REASON_ANNOTATION,
+    RESTARTED_AT_ANNOTATION,
+    SERVER_TYPE_ANNOTATION,
     STATE_ANNOTATION,
     STOP_ANNOTATION,
+    STOPPED_AT_ANNOTATION,
+    STOPPED_BY_ANNOTATION,
+    TRACE_ANNOTATION,
+    WARNED_AT_ANNOTATION,
 )
 
 pytestmark = pytest.mark.cluster
@@ -47,6 +55,11 @@ MERGE = "application/merge-patch+json"
 ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 EXEMPT_REFUSAL = ("only cluster admins may set, change or remove notebook-culler.io/exempt; "
                   f"ask your admin (group {ADMIN_GROUP})")
+MARKS_REFUSAL = "only kf-culler writes its marks on a Notebook ({}); you may remove them, not add or change them"
+POD_LABELS_REFUSAL = ("the labels statefulset and notebook-name of a notebook pod are Kubeflow's; they may not be "
+                      "changed, added or removed (pod {})")
+POLICIES = ("kf-culler-exempt", "kf-culler-keep-until", "kf-culler-marks", "kf-culler-server-type",
+            "kf-culler-notebook-name", "kf-culler-pod-labels")
 
 
 def rendered(tmp_path: Path, namespace: str) -> list[dict[str, Any]]:
@@ -92,6 +105,21 @@ def patch(api: Any, namespace: str, name: str, annotations: dict[str, str | None
         GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE)
 
 
+def relabel(api: Any, namespace: str, name: str, labels: dict[str, str | None]) -> Callable[[], object]:
+    body = {"metadata": {"labels": labels}}
+    return lambda: client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE)
+
+
+def relabel_pod(api: Any, namespace: str, name: str, labels: dict[str, str | None]) -> Callable[[], object]:
+    return lambda: client.CoreV1Api(api).patch_namespaced_pod(
+        name, namespace, {"metadata": {"labels": labels}}, _content_type=MERGE)
+
+
+def create(api: Any, namespace: str, body: dict[str, Any]) -> Callable[[], object]:
+    return functools.partial(obj.create_notebook, api, namespace, body)
+
+
 def micro(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -100,13 +128,14 @@ def z(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def eventually(what: str, call: Callable[[int], Callable[[], object]], code: int, timeout: float = 60) -> None:
+def eventually(what: str, call: Callable[[int], Callable[[], object]], code: int, timeout: float = 60,
+               contains: str = "") -> None:
     """Policies, bindings and their params reach the admission plugin a moment after they are created:
     try `call(attempt)` (a write that changes something each attempt, so an early success does not make
-    later tries no-ops) until it answers HTTP `code`."""
+    later tries no-ops) until it answers HTTP `code` (with `contains` in the message)."""
     deadline = time.monotonic() + timeout
     attempt = 0
-    while (got := status_of(call(attempt)))[0] != code:
+    while (got := status_of(call(attempt)))[0] != code or contains not in got[1]:
         assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}; last answer {got}"
         attempt += 1
         time.sleep(0.5)
@@ -136,9 +165,11 @@ def admission(kube: KubeTarget, api: Any, namespace: str, tmp_path: Path) -> Ite
                 raise AssertionError(f"{o['kind']}/{o['metadata']['name']} is left over from another run") from err
     # What a Kubeflow profile contributor may do with notebooks (kubeflow-notebooks-edit), given to a user
     # and to the admin group.
+    # ...and with pods (kubeflow-kubernetes-edit).
+    verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
     rbac.create_namespaced_role(namespace, {"metadata": {"name": "notebooks-edit"}, "rules": [
-        {"apiGroups": [GROUP], "resources": [PLURAL],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]})
+        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": verbs},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": verbs}]})
     rbac.create_namespaced_role_binding(namespace, {
         "metadata": {"name": "notebooks-edit"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "notebooks-edit"},
@@ -243,9 +274,20 @@ def test_the_cullers_own_writes_pass(kube: KubeTarget, api: Any, namespace: str,
     now = datetime.now(UTC)
     marks: dict[str, str | None] = {
         STOP_ANNOTATION: z(now), STATE_ANNOTATION: "idle", REASON_ANNOTATION: "Stopped after 60 min idle.",
-        IDLE_SINCE_ANNOTATION: z(now - timedelta(hours=1)), "notebook-culler.io/stopped-by": "kf-culler",
-        "notebook-culler.io/stopped-at": z(now)}
+        IDLE_SINCE_ANNOTATION: z(now - timedelta(hours=1)), STOPPED_BY_ANNOTATION: "kf-culler",
+        STOPPED_AT_ANNOTATION: z(now), WARNED_AT_ANNOTATION: z(now - timedelta(minutes=10)),
+        TRACE_ANNOTATION: "4bf92f3577b34da6a3ce929d0e0e4736"}
+    # kf-culler-marks lets its ServiceAccount add marks (as it refuses alice's)...
+    eventually("the marks policy is active",
+               lambda i: patch(alice, namespace, "nb", {STOPPED_BY_ANNOTATION: f"probe-{i}"}), 403)
     assert status_of(patch(culler, namespace, "nb", marks)) == (200, "")
+    # ...change them, and remove them.
+    assert status_of(patch(culler, namespace, "nb", {
+        STATE_ANNOTATION: "stopped", STOP_ANNOTATION: None, RESTARTED_AT_ANNOTATION: z(now)})) == (200, "")
+    assert status_of(patch(culler, namespace, "nb", {RESTARTED_AT_ANNOTATION: None})) == (200, "")
+    got = obj.get_notebook(api, namespace, "nb")["metadata"]["annotations"]
+    assert got[STATE_ANNOTATION] == "stopped" and got[TRACE_ANNOTATION] == marks[TRACE_ANNOTATION]
+    assert RESTARTED_AT_ANNOTATION not in got
     # ...but its ServiceAccount is no admin: it cannot grant or take away an exemption either.
     code, message = status_of(patch(culler, namespace, "nb", {EXEMPT_ANNOTATION: None}))
     assert code == 403 and EXEMPT_REFUSAL in message
@@ -258,8 +300,9 @@ def test_keep_until_is_bounded_by_the_cullers_lease_clock(kube: KubeTarget, api:
     now = datetime.now(UTC)
     renew(api, now)
     far = z(now + timedelta(hours=25))
-    eventually("the keep-until policy is active", lambda i: patch(
-        alice, namespace, "nb", {KEEP_UNTIL_ANNOTATION: z(now + timedelta(hours=26, seconds=i))}), 422)
+    eventually("the keep-until policy reads the renewed Lease", lambda i: patch(
+        alice, namespace, "nb", {KEEP_UNTIL_ANNOTATION: z(now + timedelta(hours=26, seconds=i))}), 422,
+        contains=f"({micro(now)})")
     code, message = status_of(patch(alice, namespace, "nb", {KEEP_UNTIL_ANNOTATION: far}))
     print(f"refusal: HTTP {code}: {message}")
     assert code == 422 and ("notebook-culler.io/keep-until may be at most 24 hours after the culler's clock "
@@ -297,6 +340,181 @@ def test_keep_until_is_bounded_by_the_cullers_lease_clock(kube: KubeTarget, api:
     assert status_of(patch(culler, namespace, "nb", {STATE_ANNOTATION: "stopped"}))[0] == 200
 
 
+def test_profile_users_cannot_add_or_change_the_cullers_marks(kube: KubeTarget, api: Any, namespace: str,
+                                                             admission: dict[str, Any]) -> None:
+    alice = as_user(kube, "alice@example.com", "kubeflow-users")
+    admin = as_user(kube, "root@example.com", ADMIN_GROUP)
+    culler = kube.api_client(kube.service_account_kubeconfig("kubeflow", "kf-culler"))
+    obj.create_notebook(api, namespace, obj.notebook("nb"))
+    eventually("the marks policy refuses alice's stopped-by",
+               lambda i: patch(alice, namespace, "nb", {STOPPED_BY_ANNOTATION: f"probe-{i}"}), 403)
+    obj.patch_annotations(admin, namespace, "nb", {STOPPED_BY_ANNOTATION: None})  # a probe that got in early
+
+    # Adding a mark: refused, with the mark named and the policy that refused it.
+    now = datetime.now(UTC)
+    for key, value in ((STOPPED_BY_ANNOTATION, "kf-culler"), (RESTARTED_AT_ANNOTATION, z(now)),
+                       ("notebook-culler.io/anything-new", "x")):
+        code, message = status_of(patch(alice, namespace, "nb", {key: value}))
+        print(f"refusal: HTTP {code}: {message}")
+        assert code == 403 and MARKS_REFUSAL.format(key) in message, (key, code, message)
+        assert "kf-culler-marks" in message
+    # Several at once: each is named (in no particular order).
+    code, message = status_of(patch(alice, namespace, "nb", {STATE_ANNOTATION: "active", REASON_ANNOTATION: "x"}))
+    assert code == 403 and any(MARKS_REFUSAL.format(f"{a}, {b}") in message for a, b in (
+        (REASON_ANNOTATION, STATE_ANNOTATION), (STATE_ANNOTATION, REASON_ANNOTATION))), message
+    assert not any(k.startswith("notebook-culler.io/")
+                   for k in obj.get_notebook(api, namespace, "nb")["metadata"].get("annotations", {}))
+
+    # The culler marks the notebook; alice cannot change a mark, may write it back unchanged, may remove it.
+    assert status_of(patch(culler, namespace, "nb", {
+        STATE_ANNOTATION: "idle", STOPPED_BY_ANNOTATION: "kf-culler", IDLE_SINCE_ANNOTATION: z(now)}))[0] == 200
+    code, message = status_of(patch(alice, namespace, "nb", {STATE_ANNOTATION: "active"}))
+    assert code == 403 and MARKS_REFUSAL.format(STATE_ANNOTATION) in message, message
+    code, _ = status_of(patch(alice, namespace, "nb", {STATE_ANNOTATION: "active", STOPPED_BY_ANNOTATION: None}))
+    assert code == 403  # a change rides along with a removal: the whole request is refused
+    assert obj.get_notebook(api, namespace, "nb")["metadata"]["annotations"][STATE_ANNOTATION] == "idle"
+    assert status_of(patch(alice, namespace, "nb", {STATE_ANNOTATION: "idle", "team.example.com/x": "1"})) == (200, "")
+    assert status_of(patch(alice, namespace, "nb", {STOPPED_BY_ANNOTATION: None})) == (200, "")
+    assert status_of(patch(alice, namespace, "nb", {STATE_ANNOTATION: None, IDLE_SINCE_ANNOTATION: None})) == (200, "")
+    assert not any(k.startswith("notebook-culler.io/")
+                   for k in obj.get_notebook(api, namespace, "nb")["metadata"]["annotations"])
+
+    # On CREATE, too (a Notebook copied with `kubectl get -o yaml` must drop the culler's marks first).
+    code, message = status_of(create(alice, namespace, obj.notebook("nb-copy", annotations={STATE_ANNOTATION: "idle"})))
+    assert code == 403 and MARKS_REFUSAL.format(STATE_ANNOTATION) in message, message
+    assert status_of(create(alice, namespace, obj.notebook("nb-copy")))[0] == 200
+
+    # exempt and keep-until are the user's requests, not marks: their own policies decide, as before.
+    code, message = status_of(patch(alice, namespace, "nb", {EXEMPT_ANNOTATION: "true"}))
+    assert code == 403 and EXEMPT_REFUSAL in message and "kf-culler-marks" not in message, message
+    assert status_of(patch(admin, namespace, "nb", {EXEMPT_ANNOTATION: "true"})) == (200, "")
+    assert status_of(patch(alice, namespace, "nb", {KEEP_UNTIL_ANNOTATION: z(now + timedelta(hours=2))})) == (200, "")
+    assert status_of(patch(alice, namespace, "nb", {KEEP_UNTIL_ANNOTATION: None})) == (200, "")
+    # An admin may write a mark (e.g. to repair one).
+    assert status_of(patch(admin, namespace, "nb", {REASON_ANNOTATION: "reset by admin"})) == (200, "")
+    # A full UPDATE (PUT) as the notebook-controller, the marks as they were, passes.
+    controller = as_user(kube, "system:serviceaccount:kubeflow:notebook-controller-service-account")
+    nb = obj.get_notebook(api, namespace, "nb")
+    nb["metadata"]["labels"]["touched-by"] = "notebook-controller"
+    assert status_of(lambda: client.CustomObjectsApi(controller).replace_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "nb", nb))[0] == 200
+
+
+def test_web_app_start_and_stop_pass_with_the_cullers_marks_on(kube: KubeTarget, api: Any, namespace: str,
+                                                               admission: dict[str, Any]) -> None:
+    """The Jupyter web app's Stop and Start are JSON merge patches of kubeflow-resource-stopped alone,
+    sent for the profile user."""
+    alice = as_user(kube, "alice@example.com", "kubeflow-users")
+    culler = kube.api_client(kube.service_account_kubeconfig("kubeflow", "kf-culler"))
+    obj.create_notebook(api, namespace, obj.notebook("nb"))
+    eventually("the marks policy is active",
+               lambda i: patch(alice, namespace, "nb", {STOPPED_BY_ANNOTATION: f"probe-{i}"}), 403)
+    now = datetime.now(UTC)
+    stopped = {STOP_ANNOTATION: z(now), STATE_ANNOTATION: "stopped", STOPPED_BY_ANNOTATION: "kf-culler",
+               STOPPED_AT_ANNOTATION: z(now), REASON_ANNOTATION: "Stopped after 60 min idle."}
+    assert status_of(patch(culler, namespace, "nb", stopped)) == (200, "")
+    # Start (the web app removes only the stop annotation), then Stop again, then Start.
+    for value in (None, z(now + timedelta(minutes=5)), None):
+        assert status_of(patch(alice, namespace, "nb", {STOP_ANNOTATION: value})) == (200, ""), value
+    got = obj.get_notebook(api, namespace, "nb")["metadata"]["annotations"]
+    assert STOP_ANNOTATION not in got
+    assert {k: got[k] for k in stopped if k != STOP_ANNOTATION} == {k: v for k, v in stopped.items()
+                                                                     if k != STOP_ANNOTATION}
+
+
+def test_server_type_must_be_one_kubeflow_knows(kube: KubeTarget, api: Any, namespace: str,
+                                                admission: dict[str, Any]) -> None:
+    alice = as_user(kube, "alice@example.com", "kubeflow-users")
+    admin = as_user(kube, "root@example.com", ADMIN_GROUP)
+    obj.create_notebook(api, namespace, obj.notebook("nb"))
+    eventually("the server-type policy is active",
+               lambda i: patch(alice, namespace, "nb", {SERVER_TYPE_ANNOTATION: f"probe-{i}"}), 422)
+    obj.patch_annotations(admin, namespace, "nb", {SERVER_TYPE_ANNOTATION: "jupyter"})
+    code, message = status_of(patch(alice, namespace, "nb", {SERVER_TYPE_ANNOTATION: "none"}))
+    print(f"refusal: HTTP {code}: {message}")
+    assert code == 422 and "kf-culler-server-type" in message
+    assert "notebooks.kubeflow.org/server-type must be one of jupyter, group-one, group-two; none is not one" in message
+    for bad in ("", "Jupyter", "group-three", "x" * 300):
+        assert status_of(patch(alice, namespace, "nb", {SERVER_TYPE_ANNOTATION: bad}))[0] == 422, bad
+    assert obj.get_notebook(api, namespace, "nb")["metadata"]["annotations"][SERVER_TYPE_ANNOTATION] == "jupyter"
+    for good in ("group-one", "group-two", "jupyter"):
+        assert status_of(patch(alice, namespace, "nb", {SERVER_TYPE_ANNOTATION: good})) == (200, ""), good
+    assert status_of(create(alice, namespace, obj.notebook("nb-none", server_type="none")))[0] == 422
+    assert status_of(create(alice, namespace, obj.notebook("nb-one", server_type="group-one")))[0] == 200
+    # Removing it is allowed (the culler then goes by serverTypeByImage); admins may set anything.
+    assert status_of(patch(alice, namespace, "nb", {SERVER_TYPE_ANNOTATION: None})) == (200, "")
+    assert status_of(patch(admin, namespace, "nb", {SERVER_TYPE_ANNOTATION: "custom"})) == (200, "")
+    # A value already stored is not checked again when something else changes.
+    assert status_of(patch(alice, namespace, "nb", {"team.example.com/x": "1"})) == (200, "")
+
+
+def test_notebook_name_label_must_be_the_notebooks_name(kube: KubeTarget, api: Any, namespace: str,
+                                                        admission: dict[str, Any]) -> None:
+    alice = as_user(kube, "alice@example.com", "kubeflow-users")
+    admin = as_user(kube, "root@example.com", ADMIN_GROUP)
+    obj.create_notebook(api, namespace, obj.notebook("nb"))
+    eventually("the notebook-name policy is active",
+               lambda i: relabel(alice, namespace, "nb", {"notebook-name": f"probe-{i}"}), 422)
+    relabel(admin, namespace, "nb", {"notebook-name": None})()
+    code, message = status_of(relabel(alice, namespace, "nb", {"notebook-name": "decoy"}))
+    print(f"refusal: HTTP {code}: {message}")
+    assert code == 422 and "kf-culler-notebook-name" in message
+    assert "the label notebook-name of a Notebook must be its name (nb) or absent" in message
+    assert "notebook-name" not in obj.get_notebook(api, namespace, "nb")["metadata"]["labels"]
+    assert status_of(relabel(alice, namespace, "nb", {"notebook-name": "nb"})) == (200, "")
+    assert status_of(relabel(alice, namespace, "nb", {"notebook-name": "nb-other"}))[0] == 422
+    assert status_of(relabel(alice, namespace, "nb", {"notebook-name": None})) == (200, "")
+    decoy, plain = obj.notebook("nb-2"), obj.notebook("nb-3")
+    decoy["metadata"]["labels"]["notebook-name"] = "nb"
+    plain["metadata"]["labels"]["notebook-name"] = "nb-3"
+    assert status_of(create(alice, namespace, decoy))[0] == 422
+    assert status_of(create(alice, namespace, plain))[0] == 200
+    # Other labels are the user's.
+    assert status_of(relabel(alice, namespace, "nb-3", {"team": "a", "app": "x"})) == (200, "")
+
+
+def test_notebook_pod_labels_stay_as_kubeflow_set_them(kube: KubeTarget, api: Any, namespace: str,
+                                                       admission: dict[str, Any]) -> None:
+    alice = as_user(kube, "alice@example.com", "kubeflow-users")
+    admin = as_user(kube, "root@example.com", ADMIN_GROUP)
+    obj.create_notebook(api, namespace, obj.notebook("nb"))
+    obj.running_pod(api, namespace, "nb", datetime.now(UTC))  # nb-0, labelled statefulset and notebook-name
+    eventually("the pod-labels policy is active",
+               lambda i: relabel_pod(alice, namespace, "nb-0", {"statefulset": f"probe-{i}"}), 403)
+    relabel_pod(admin, namespace, "nb-0", {"statefulset": "nb"})()
+    code, message = status_of(relabel_pod(alice, namespace, "nb-0", {"statefulset": "decoy"}))
+    print(f"refusal: HTTP {code}: {message}")
+    assert code == 403 and "kf-culler-pod-labels" in message and POD_LABELS_REFUSAL.format("nb-0") in message
+    changes: list[dict[str, str | None]] = [{"statefulset": None}, {"notebook-name": "decoy"},
+                                            {"notebook-name": None}]
+    for change in changes:
+        assert status_of(relabel_pod(alice, namespace, "nb-0", change))[0] == 403, change
+    labels = client.CoreV1Api(api).read_namespaced_pod("nb-0", namespace).metadata.labels
+    assert (labels["statefulset"], labels["notebook-name"]) == ("nb", "nb")
+    # Other labels, and the two left as they were, pass.
+    assert status_of(relabel_pod(alice, namespace, "nb-0", {"team": "a", "statefulset": "nb"})) == (200, "")
+    # CREATE is not restricted (the StatefulSet controller makes the pods), nor are pods without the labels.
+    core = client.CoreV1Api(alice)
+    spec = {"containers": [{"name": "c", "image": "notebook:local"}]}
+    assert status_of(lambda: core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "mine", "labels": {"statefulset": "nb"}}, "spec": spec}))[0] == 200
+    assert status_of(relabel_pod(alice, namespace, "mine", {"notebook-name": "nb"}))[0] == 403
+    assert status_of(lambda: core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "plain"}, "spec": spec}))[0] == 200
+    assert status_of(relabel_pod(alice, namespace, "plain", {"team": "a"})) == (200, "")
+    # The control plane's ServiceAccounts and admins may.
+    rbac = client.RbacAuthorizationV1Api(api)
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "statefulset-controller"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "notebooks-edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": "statefulset-controller", "namespace": "kube-system"}]})
+    sts = as_user(kube, "system:serviceaccount:kube-system:statefulset-controller")
+    assert status_of(relabel_pod(admin, namespace, "nb-0", {"notebook-name": "nb-renamed"})) == (200, "")
+    eventually("the statefulset-controller's binding is in effect",
+               lambda i: relabel_pod(sts, namespace, "nb-0", {"statefulset": f"sts-{i}"}), 200)
+    assert status_of(relabel_pod(sts, namespace, "nb-0", {"statefulset": None})) == (200, "")
+
+
 def test_rendered_component_passes_server_side_dry_run(kube: KubeTarget, api: Any, tmp_path: Path) -> None:
     """As test_rbac does for the overlays: the API server accepts every object, CEL type-checked."""
     import subprocess
@@ -309,11 +527,12 @@ def test_rendered_component_passes_server_side_dry_run(kube: KubeTarget, api: An
         client.CoreV1Api(api).create_namespace({"metadata": {"name": "kubeflow"}})
     objs = [o for o in rendered(tmp_path, "any") if o["kind"] in ADMISSION_KINDS
             or o["metadata"]["name"] == "kf-culler-exempt-admission"]
-    assert len(objs) == 5
+    assert len(objs) == 1 + 2 * len(POLICIES)
     path = tmp_path / "admission.yaml"
     path.write_text(yaml.safe_dump_all(objs))
     done = subprocess.run([kubectl, "--kubeconfig", str(kube.kubeconfig), "apply", "--dry-run=server",
                            "-f", str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "validatingadmissionpolicy.admissionregistration.k8s.io/kf-culler-exempt created (server dry run)" \
-        in done.stdout
+    for name in POLICIES:
+        for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding"):
+            assert f"{kind}.admissionregistration.k8s.io/{name} created (server dry run)" in done.stdout

@@ -26,6 +26,7 @@ from kf_culler.config import Operations, load_file
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "kustomize"
 OVERLAYS = ("kubeflow", "dry-run", "gpu-only")
+RECORDS_ROLE = "kf-culler-records"
 NAMESPACE = "kubeflow"
 NAME = "kf-culler"
 LABELS = {
@@ -278,6 +279,8 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 CLUSTER_GRANTS = {
     ("kubeflow.org", "notebooks"): {"get", "list", "watch", "patch"},
     ("", "pods"): {"get", "list", "watch"},
+    ("apps", "statefulsets"): {"get", "list", "watch"},  # pods paired with Notebooks by ownership
+    ("", "nodes"): {"get", "list", "watch"},  # the GPU model of a pod's node (gpuModels)
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("kubeflow.org", "profiles"): {"get", "list"},  # the notice's recipient (notifications.email)
@@ -302,10 +305,11 @@ def test_cluster_role_grants_nothing_dangerous(overlay: str) -> None:
     for (group, resource), verbs in g.items():
         assert "*" not in (group, resource) and "*" not in verbs, "no wildcards"
         assert not verbs & {"delete", "deletecollection", "escalate", "bind", "impersonate"}
-        assert resource not in {"secrets", "statefulsets", "configmaps", "serviceaccounts/token"}
+        assert resource not in {"secrets", "configmaps", "serviceaccounts/token"}
         assert not resource.endswith("/exec") and not resource.endswith("/status")
     assert not g.get(("", "pods"), set()) & WRITE_VERBS, "pods are read, never patched or deleted"
-    assert ("apps", "statefulsets") not in g
+    assert not g.get(("apps", "statefulsets"), set()) & WRITE_VERBS, "StatefulSets are read (pairing), never scaled"
+    assert not g.get(("", "nodes"), set()) & WRITE_VERBS, "Nodes are read (the GPU model), never written"
 
 
 @pytest.mark.parametrize("overlay", ("kubeflow", "gpu-only"))
@@ -317,6 +321,7 @@ def test_dry_run_cluster_role_cannot_write() -> None:
     g = grants(one(render("overlays/dry-run"), "ClusterRole", NAME))
     read = {"get", "list", "watch"}
     assert g == {("kubeflow.org", "notebooks"): read, ("", "pods"): read,
+                 ("apps", "statefulsets"): read, ("", "nodes"): read,
                  ("", "namespaces"): {"get"},  # namespace labels for policy rules
                  ("authentication.k8s.io", "tokenreviews"): {"create"}}  # answered, never stored
 
@@ -325,7 +330,7 @@ def test_dry_run_cluster_role_cannot_write() -> None:
 def test_leases_only_in_the_cullers_namespace_and_only_its_own(overlay: str) -> None:
     objs = render(f"overlays/{overlay}")
     assert ("coordination.k8s.io", "leases") not in grants(one(objs, "ClusterRole", NAME))
-    roles = find(objs, "Role")
+    roles = [r for r in find(objs, "Role") if r["metadata"]["name"] != RECORDS_ROLE]
     assert len(roles) == 1
     role = roles[0]
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -345,10 +350,31 @@ def test_bindings_give_the_roles_to_the_pods_service_account(overlay: str) -> No
     crb = one(objs, "ClusterRoleBinding", NAME)
     assert crb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME}
     assert crb["subjects"] == [subject]
-    (rb,) = find(objs, "RoleBinding")
-    assert rb["roleRef"]["kind"] == "Role" and rb["roleRef"]["name"] == one(objs, "Role")["metadata"]["name"]
-    rb_ns = rb["metadata"]["namespace"]
-    assert [{**s, "namespace": s.get("namespace", rb_ns)} for s in rb["subjects"]] == [subject]
+    bindings = find(objs, "RoleBinding")
+    assert sorted(rb["roleRef"]["name"] for rb in bindings) == sorted(r["metadata"]["name"] for r in find(objs, "Role"))
+    for rb in bindings:
+        assert rb["roleRef"]["kind"] == "Role"
+        rb_ns = rb["metadata"]["namespace"]
+        assert rb_ns == NAMESPACE
+        assert [{**s, "namespace": s.get("namespace", rb_ns)} for s in rb["subjects"]] == [subject]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_record_is_kept_only_in_the_cullers_namespace_and_only_in_its_buckets(overlay: str) -> None:
+    """The culler's record (rule 15): ConfigMaps in its own namespace; reading by name and patching only the
+    buckets kf-culler-records-00..15; no delete; read-only in the dry-run overlay."""
+    from kf_culler.kube.records import bucket_names
+
+    objs = render(f"overlays/{overlay}")
+    role = one(objs, "Role", RECORDS_ROLE)
+    assert role["metadata"]["namespace"] == NAMESPACE
+    if overlay == "dry-run":
+        assert grants(role) == {("", "configmaps"): {"list", "watch"}}
+        return
+    assert grants(role) == {("", "configmaps"): {"list", "watch", "create", "get", "patch"}}
+    for rule in role["rules"]:
+        if set(rule["verbs"]) & {"get", "patch"}:
+            assert rule.get("resourceNames") == bucket_names()
 
 
 # --- configuration --------------------------------------------------------------------------------
@@ -617,24 +643,30 @@ def render_with_exempt_admission(tmp_path: Path) -> list[dict[str, Any]]:
 
 def test_exempt_admission_component_renders_its_policies_bindings_and_admins(tmp_path: Path) -> None:
     objs = render_with_exempt_admission(tmp_path)
-    assert len(objs) == len(render("overlays/kubeflow")) + 5
+    assert len(objs) == len(render("overlays/kubeflow")) + 13
     policies = {o["metadata"]["name"]: o for o in find(objs, "ValidatingAdmissionPolicy")}
     bindings = {o["metadata"]["name"]: o for o in find(objs, "ValidatingAdmissionPolicyBinding")}
-    assert set(policies) == set(bindings) == {"kf-culler-exempt", "kf-culler-keep-until"}
+    admins_policies = {"kf-culler-exempt", "kf-culler-marks", "kf-culler-server-type", "kf-culler-notebook-name",
+                       "kf-culler-pod-labels"}
+    assert set(policies) == set(bindings) == {*admins_policies, "kf-culler-keep-until"}
     cm = one(objs, "ConfigMap", "kf-culler-exempt-admission")
     assert cm["metadata"]["namespace"] == NAMESPACE and set(cm["data"]) == {"adminGroups", "adminServiceAccounts"}
     for name, policy in policies.items():
         assert policy["apiVersion"] == "admissionregistration.k8s.io/v1" and "namespace" not in policy["metadata"]
         (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
         assert (rule["apiGroups"], rule["resources"], rule["operations"]) == (
-            ["kubeflow.org"], ["notebooks"], ["CREATE", "UPDATE"])
+            ([""], ["pods"], ["UPDATE"]) if name == "kf-culler-pod-labels" else
+            (["kubeflow.org"], ["notebooks"], ["CREATE", "UPDATE"]))
         assert policy["spec"]["failurePolicy"] == "Fail" and policy["spec"]["matchConditions"]
         binding = bindings[name]["spec"]
         assert binding["policyName"] == name and binding["validationActions"] == ["Deny"]
-    # The admins come from the ConfigMap; a missing ConfigMap means nobody may touch exempt.
-    assert policies["kf-culler-exempt"]["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
-    assert bindings["kf-culler-exempt"]["spec"]["paramRef"] == {
-        "name": cm["metadata"]["name"], "namespace": NAMESPACE, "parameterNotFoundAction": "Deny"}
+    # The admins come from the ConfigMap; a missing ConfigMap refuses every Notebook CREATE and UPDATE.
+    # (The pod policy is off instead: with Deny a missing ConfigMap would refuse every pod UPDATE.)
+    for name in admins_policies:
+        assert policies[name]["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+        assert bindings[name]["spec"]["paramRef"] == {
+            "name": cm["metadata"]["name"], "namespace": NAMESPACE,
+            "parameterNotFoundAction": "Allow" if name == "kf-culler-pod-labels" else "Deny"}
     # The keep-until clock is the Lease the culler's Deployment renews.
     ref = bindings["kf-culler-keep-until"]["spec"]["paramRef"]
     assert policies["kf-culler-keep-until"]["spec"]["paramKind"]["kind"] == "Lease"
