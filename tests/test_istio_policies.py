@@ -10,6 +10,7 @@ import copy
 import os
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -287,9 +288,17 @@ def test_nothing_is_created_unless_asked(api: Any, namespace: str, authz_crd: No
 
 def culler_rbac(objs: list[dict[str, Any]], ns: str, suffix: str, with_component: bool) -> list[dict[str, Any]]:
     """The rendered ServiceAccount and cluster roles, in `ns`, renamed with `suffix` (no clash with other
-    tests' copies); the component's only `with_component`. The Lease's Role is left out (no election)."""
+    tests' copies); the component's only `with_component`. The Lease's Role is left out (no election); the
+    record's Role is in `ns`, the culler's own namespace."""
     out = []
     for o in objs:
+        if o["kind"] in ("Role", "RoleBinding") and o["metadata"]["name"] == "kf-culler-records":
+            o = copy.deepcopy(o)
+            o["metadata"]["namespace"] = ns
+            for subject in o.get("subjects", []):
+                subject["namespace"] = ns
+            out.append(o)
+            continue
         if o["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
             continue
         if not with_component and o["metadata"]["name"] == "kf-culler-istio-policies":
@@ -314,7 +323,7 @@ def test_as_the_service_account(kube: KubeTarget, api: Any, namespace: str, auth
     apply(api, culler_rbac(render_with_component(tmp_path), culler_ns, f"-{namespace}", with_component))
     sa_api = kube.api_client(kube.service_account_kubeconfig(culler_ns, "kf-culler"))
     obj.create_notebook(api, work, obj.notebook("nb"))
-    runner = Runner(settings_for([work]), sa_api)  # exactly the culler's identity
+    runner = Runner(settings_for([work]), sa_api, records_namespace=culler_ns)  # exactly the culler's identity
     with runner:
         result = runner.once()  # never raises, whatever the API server answers
     assert [r.name for r in result.results] == ["nb"]
@@ -328,3 +337,31 @@ def test_as_the_service_account(kube: KubeTarget, api: Any, namespace: str, auth
         (error,) = last.errors
         assert error.startswith(f"list {PLURAL}.{GROUP}: HTTP 403 Forbidden")
         assert "kustomize/components/istio-policies" in error
+
+
+@pytest.mark.cluster
+def test_a_policy_the_culler_cannot_put_in_place_is_a_confirmed_access_problem(
+        kube: KubeTarget, api: Any, namespace: str, authz_crd: None, tmp_path: Path) -> None:
+    """Rule 16's exception: the culler may read AuthorizationPolicies but not create its own (an admin's RBAC
+    left out `create`): where kf-culler-probes is missing, that is confirmed from objects profile users
+    cannot write, and a notebook there that gives no signal is kept with a reason for the admin."""
+    culler_ns, work = namespaces(api, namespace, "culler", "work")
+    objs = culler_rbac(render_with_component(tmp_path), culler_ns, f"-{namespace}", True)
+    for o in objs:
+        if o["kind"] == "ClusterRole" and o["metadata"]["name"].startswith("kf-culler-istio-policies"):
+            o["rules"] = [{**r, "verbs": ["get", "list"]} for r in o["rules"]]
+    apply(api, objs)
+    sa_api = kube.api_client(kube.service_account_kubeconfig(culler_ns, "kf-culler"))
+    obj.create_notebook(api, work, obj.notebook("nb", gpus=1))
+    obj.running_pod(api, work, "nb", datetime.now(UTC) - timedelta(hours=3), gpus=1)
+    time.sleep(1)
+    runner = Runner(settings_for([work]), sa_api, records_namespace=culler_ns)
+    with runner:
+        first = runner.once().results[0]
+        assert runner.policies is not None and runner.policies.last is not None
+        assert list(runner.policies.last.missing) == [work]
+        second = runner.once().results[0]
+    assert first.verdict.rule == "6-no-signal"  # before the culler knew
+    assert (second.verdict.action, second.verdict.state, second.verdict.rule) == (
+        "keep", "no-signal", "16-access-problem")
+    assert "kf-culler-probes is not in place" in second.verdict.reason and "403" in second.verdict.reason
