@@ -20,7 +20,7 @@ from kf_culler.decide import decide_view, gpu_count
 from kf_culler.gather import Gathered, Request, gather
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer, WriteResult
-from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, InputError, Verdict
+from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, WARNED_AT_ANNOTATION, InputError, Verdict
 from kf_culler.notebook import NotebookView
 from kf_culler.plan import Plan, plan
 from kf_culler.policy import select_for
@@ -255,14 +255,18 @@ class Cycle:
             return True
         return self.records.put(uid, str(view.namespace), str(view.name), change.record)
 
-    def _undo_stop_record(self, nb: dict[str, Any], view: NotebookView, result: NotebookResult) -> None:
-        """A stop recorded before its patch whose patch did not land (or, re-planned after a 409, stopped
-        nothing): the record goes back to what it was, so no restart is seen where there was no stop."""
+    def _undo_record(self, nb: dict[str, Any], view: NotebookView, result: NotebookResult) -> None:
+        """A stop or a warning recorded before its patch whose patch did not land (or, re-planned after a 409,
+        did not stop or warn): the record goes back to what it was, so no restart is seen where there was no
+        stop, and no warning is taken as given that nobody got."""
         change = result.plan.record if result.plan is not None else None
         write = result.write
-        if change is None or self.records is None or write is None or result.verdict.action != "stop":
+        if change is None or self.records is None or write is None or not change.before_patch:
             return
-        landed = write.outcome == "patched" and write.plan is not None and STOP_ANNOTATION in write.plan.annotations
+        mark = {"stop": STOP_ANNOTATION, "warn": WARNED_AT_ANNOTATION}.get(result.verdict.action)
+        if mark is None:
+            return
+        landed = write.outcome == "patched" and write.plan is not None and write.plan.annotations.get(mark) is not None
         if not landed:
             uid = str((nb.get("metadata") or {}).get("uid"))
             self.records.put(uid, str(view.namespace), str(view.name), view.record)
@@ -317,7 +321,7 @@ class Cycle:
 
                     if self._store_record(nb, view, result.plan.record):
                         result.write = self.writer.apply(nb, result.plan, replan, now, allowed)
-                        self._undo_stop_record(nb, view, result)
+                        self._undo_record(nb, view, result)
                     else:
                         result.write = WriteResult("failed", plan=result.plan,
                                                    error="the culler's record could not be stored; not written")

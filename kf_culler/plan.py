@@ -23,7 +23,7 @@ from kf_culler.model import (
     Verdict,
 )
 from kf_culler.notebook import NotebookView, annotations_of
-from kf_culler.record import RecordChange, next_record
+from kf_culler.record import RecordChange, next_record, warned_this_period
 from kf_culler.timeutil import format_time, parse_time
 
 EVENT_STOP = "IdleNotebookStopped"
@@ -56,10 +56,12 @@ def plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetim
          trace_id: str | None = None) -> Plan:
     """The writes for a verdict on a notebook (its NotebookView, or the Notebook object itself: then no
     record change, the object carries none)."""
-    record = None
-    if isinstance(notebook, NotebookView):
-        record = next_record(notebook.record, verdict.action, verdict.rule, notebook.pod_start, now)
-    return replace(_notebook_plan(notebook, verdict, now, step_minutes, trace_id), record=record)
+    out = _notebook_plan(notebook, verdict, now, step_minutes, trace_id)
+    if not isinstance(notebook, NotebookView):
+        return out
+    warned = out.event is not None and out.event.reason == EVENT_WARN
+    return replace(out, record=next_record(notebook.record, verdict.action, verdict.rule, notebook.pod_start,
+                                           now, warned))
 
 
 def _notebook_plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
@@ -101,10 +103,14 @@ def _notebook_plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, no
         return Plan(_minimal(out, original), EventSpec("Warning", EVENT_STOP, verdict.reason + trace))
 
     if verdict.action == "warn":
-        if WARNED_AT_ANNOTATION not in ann:
+        record = notebook.record if isinstance(notebook, NotebookView) else None
+        if WARNED_AT_ANNOTATION not in ann and not warned_this_period(record, verdict.idle_since):
             describe()
             out[WARNED_AT_ANNOTATION] = format_time(now)
             event = EventSpec("Warning", EVENT_WARN, verdict.reason + trace)
+        elif WARNED_AT_ANNOTATION not in ann and record is not None and record.warned_at is not None:
+            describe()  # someone removed the mark: put it back for people; no second Event, mail or webhook
+            out[WARNED_AT_ANNOTATION] = format_time(record.warned_at)
     elif WARNED_AT_ANNOTATION in ann:
         describe()  # the notebook was used after a warning: withdraw it
         out[WARNED_AT_ANNOTATION] = None

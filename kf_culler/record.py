@@ -21,7 +21,8 @@ from kf_culler.timeutil import format_time, parse_time
 STOPPED_AT = "stoppedAt"
 RESTARTED_AT = "restartedAt"
 RUNNING_SINCE = "runningSince"
-KEYS = (STOPPED_AT, RESTARTED_AT, RUNNING_SINCE)
+WARNED_AT = "warnedAt"
+KEYS = (STOPPED_AT, RESTARTED_AT, RUNNING_SINCE, WARNED_AT)
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,12 @@ class CullerRecord:
     stopped_at: datetime | None = None  # the culler stopped it (recorded before the stop's patch)
     restarted_at: datetime | None = None  # the culler saw it started again after that stop
     running_since: datetime | None = None  # the culler first saw it running since its last stop
+    warned_at: datetime | None = None  # the culler's last stop warning (one per idle period: kf_culler/plan.py)
 
     @property
     def empty(self) -> bool:
-        return self.stopped_at is None and self.restarted_at is None and self.running_since is None
+        return (self.stopped_at is None and self.restarted_at is None and self.running_since is None
+                and self.warned_at is None)
 
     def awaiting_restart(self) -> bool:
         """The culler stopped it and has not yet seen it started again (rule 15)."""
@@ -51,7 +54,7 @@ class CullerRecord:
     def to_dict(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for key, value in ((STOPPED_AT, self.stopped_at), (RESTARTED_AT, self.restarted_at),
-                           (RUNNING_SINCE, self.running_since)):
+                           (RUNNING_SINCE, self.running_since), (WARNED_AT, self.warned_at)):
             if value is not None:
                 out[key] = format_time(value)
         return out
@@ -76,7 +79,7 @@ def parse_record(raw: object, what: str = "cullerRecord") -> CullerRecord | None
         if t is None:
             raise InputError(f"'{what}.{key}' is not an RFC 3339 time with a zone: {str(value)[:60]!r}")
         times[key] = t
-    return CullerRecord(times[STOPPED_AT], times[RESTARTED_AT], times[RUNNING_SINCE])
+    return CullerRecord(times[STOPPED_AT], times[RESTARTED_AT], times[RUNNING_SINCE], times[WARNED_AT])
 
 
 @dataclass(frozen=True)
@@ -88,23 +91,35 @@ class RecordChange:
 
 
 def next_record(record: CullerRecord | None, action: str, rule: str, pod_start: datetime | None,
-                now: datetime) -> RecordChange | None:
+                now: datetime, warned: bool = False) -> RecordChange | None:
     """The record after a verdict, or None when nothing changes.
 
-    A stop records `stoppedAt` (before its patch); the restart rule records `restartedAt` = now; a running pod
-    the record does not yet know about since the last stop records `runningSince` (its start, never before the
-    stop it follows)."""
+    A stop records `stoppedAt`, a new warning `warnedAt` (`warned`: the plan gives one), the restart rule
+    `restartedAt` = now: each before the patch it records. A running pod the record does not yet know about
+    since the last stop records `runningSince` (its start, never before the stop it follows), with the pass's
+    deferred writes."""
     current = record or CullerRecord()
     if action == "stop":
         return RecordChange(replace(current, stopped_at=now), before_patch=True)
     if rule == "3-restarted":
         return RecordChange(replace(current, restarted_at=now), before_patch=True)
-    if pod_start is None or current.awaiting_restart() or current.current_running_since() is not None:
+    after = replace(current, warned_at=now) if warned else current
+    if pod_start is not None and not after.awaiting_restart() and after.current_running_since() is None:
+        since = min(pod_start, now)
+        if after.stopped_at is not None and since < after.stopped_at:
+            since = after.restarted_at or now  # the pod from before the stop still runs: count from the restart
+        after = replace(after, running_since=since)
+    if after == current:
         return None
-    since = min(pod_start, now)
-    if current.stopped_at is not None and since < current.stopped_at:
-        since = current.restarted_at or now  # the pod from before the stop still runs: count from the restart
-    return RecordChange(replace(current, running_since=since), before_patch=False)
+    return RecordChange(after, before_patch=warned)
+
+
+def warned_this_period(record: CullerRecord | None, idle_since: datetime | None) -> bool:
+    """Whether the culler already warned about this idle period (one that began at `idle_since`): its own
+    record, not the notebook's `warned-at` mark, which a user may remove to be warned, mailed and paged again."""
+    if record is None or record.warned_at is None:
+        return False
+    return idle_since is None or record.warned_at >= idle_since
 
 
 def record_json(record: CullerRecord, namespace: str, name: str) -> dict[str, Any]:

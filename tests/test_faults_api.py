@@ -264,6 +264,9 @@ def test_events_refused_by_rbac_the_stop_still_happens(cluster: LocalCluster, ap
     rbac.create_cluster_role({"metadata": {"name": role}, "rules": [
         {"apiGroups": ["kubeflow.org"], "resources": ["notebooks"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "list", "watch"]},
+        # the culler's record, here in the same namespace
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
     ]})
     rbac.create_namespaced_role_binding(ns, {
         "metadata": {"name": "kf-culler"},
@@ -271,7 +274,7 @@ def test_events_refused_by_rbac_the_stop_still_happens(cluster: LocalCluster, ap
         "subjects": [{"kind": "ServiceAccount", "name": "kf-culler", "namespace": ns}]})
     sa_api = cluster.api_client(cluster.service_account_kubeconfig(ns, "kf-culler"))
     make(api, ns, "nb-a", "nb-b")
-    runner = Runner(load_mapping(settings_for(faulty, ns), "test"), sa_api)
+    runner = Runner(load_mapping(settings_for(faulty, ns), "test"), sa_api, records_namespace=ns)
     runner.start_cache(30)
     assert runner.cache is not None
     try:

@@ -126,7 +126,7 @@ def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll
         settings = load_mapping({**(policy or {"idleMinutes": 30, "warnMinutes": 10}),
                                  "urls": {"jupyter": router.template()},
                                  "namespaces": {"include": [namespace]}}, "test")
-        runner = Runner(settings, culler_api, dry_run=True)
+        runner = Runner(settings, culler_api, dry_run=True, records_namespace=CULLER_NS)
         instrument(runner, Metrics(), None, store)
         try:
             with runner:

@@ -214,8 +214,8 @@ def config(router: Router, namespace: str, smtp_port: int, receiver: Receiver, t
 class Culler:
     """One culler process: a runner with its own notifier and metrics; `restart()` makes a new one."""
 
-    def __init__(self, api: Any, raw: dict[str, Any]) -> None:
-        self.api, self.raw = api, raw
+    def __init__(self, api: Any, raw: dict[str, Any], records_namespace: str | None = None) -> None:
+        self.api, self.raw, self.records_namespace = api, raw, records_namespace
         self.now = datetime.now(UTC)
         self._new()
 
@@ -224,7 +224,8 @@ class Culler:
         self.metrics = Metrics()
         self.notifier = Notifier.for_settings(self.settings, self.api, self.metrics)
         assert self.notifier is not None
-        self.runner = Runner(self.settings, self.api, notifier=self.notifier, clock=lambda: self.now)
+        self.runner = Runner(self.settings, self.api, notifier=self.notifier, clock=lambda: self.now,
+                             records_namespace=self.records_namespace)
         self.runner.start_cache(30)
 
     def restart(self) -> None:
@@ -436,9 +437,15 @@ def test_the_shipped_cluster_role_reads_the_owner_as_the_service_account(
     from support.kustomize import render
     from test_rbac import apply
 
-    role = next(o for o in render(ROOT / "kustomize" / "base") if o["kind"] == "ClusterRole")
+    base = render(ROOT / "kustomize" / "base")
+    role = next(o for o in base if o["kind"] == "ClusterRole")
     role["metadata"]["name"] = f"kf-culler-{namespace}"
-    apply(api, [role, {"apiVersion": "v1", "kind": "ServiceAccount",
+    records = [{**o, "metadata": {**o["metadata"], "namespace": namespace}} for o in base
+               if o["kind"] in ("Role", "RoleBinding") and o["metadata"]["name"] == "kf-culler-records"]
+    for o in records:
+        for subject in o.get("subjects", []):
+            subject["namespace"] = namespace
+    apply(api, [role, *records, {"apiVersion": "v1", "kind": "ServiceAccount",
                        "metadata": {"name": "kf-culler", "namespace": namespace}},
                 {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                  "metadata": {"name": f"kf-culler-{namespace}"},
@@ -449,7 +456,7 @@ def test_the_shipped_cluster_role_reads_the_owner_as_the_service_account(
     profile(api, namespace, OWNER)
     make(api, namespace, "nb-idle")
     time.sleep(1)  # the RBAC authorizer's cache
-    culler = Culler(sa_api, config(router, namespace, smtp.port, receiver, tmp_path, {}))
+    culler = Culler(sa_api, config(router, namespace, smtp.port, receiver, tmp_path, {}), records_namespace=namespace)
     try:
         r = culler.pass_at(11, datetime.now(UTC))
         assert r.verdict.action == "stop" and r.write.outcome == "patched" and r.write.event == "created"

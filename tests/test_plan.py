@@ -109,3 +109,26 @@ def test_a_notebook_view_plans_like_the_notebook_object() -> None:
     for v in (decide(nb, old_pod(), IDLE_JUPYTER, policy, NOW),
               decide(notebook(), old_pod(), IDLE_JUPYTER, policy, NOW + timedelta(hours=3))):
         assert dataclasses.replace(plan(view, v, NOW, 120), record=None) == plan(nb, v, NOW, 120)
+
+
+def test_a_warning_is_given_once_per_idle_period_whatever_happens_to_its_mark() -> None:
+    """The culler remembers its warnings itself (issue: deleting warned-at re-armed the warning, its Event,
+    mail and webhook, every pass)."""
+    from kf_culler.model import WARNED_AT_ANNOTATION
+    from kf_culler.plan import EVENT_WARN
+
+    idle_since = NOW - timedelta(minutes=55)
+    warn = Verdict("warn", "idle", "Idle for 55 min", "10-idle", idle_since=idle_since)
+    first = plan(NotebookView.of(notebook(), old_pod(), Policy()), warn, NOW, 120)
+    assert first.event is not None and first.event.reason == EVENT_WARN
+    assert first.record is not None and first.record.before_patch and first.record.record.warned_at == NOW
+    # the user removed the mark: no second Event, the mark comes back with the first warning's time
+    later = NOW + timedelta(minutes=1)
+    again = plan(NotebookView.of(notebook(), old_pod(), Policy(), record=first.record.record), warn, later, 120)
+    assert again.event is None and again.annotations[WARNED_AT_ANNOTATION] == "2026-11-29T12:00:00Z"
+    assert again.record is None or again.record.record.warned_at == NOW
+    # used again, idle again: a new idle period gets its own warning
+    new_period = Verdict("warn", "idle", "Idle for 55 min", "10-idle", idle_since=NOW + timedelta(minutes=30))
+    third = plan(NotebookView.of(notebook(), old_pod(), Policy(), record=first.record.record), new_period,
+                 NOW + timedelta(minutes=85), 120)
+    assert third.event is not None and third.event.reason == EVENT_WARN

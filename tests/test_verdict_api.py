@@ -101,7 +101,8 @@ def test_verdicts_readable_by_own_namespace_only(kube: KubeTarget, api: Any, nam
         settings = load_mapping({"idleMinutes": 30, "warnMinutes": 10, "urls": {"jupyter": router.template()},
                                  "namespaces": {"include": [namespace, other]}}, "test")
         store = VerdictStore()
-        runner = Runner(settings, culler_api, dry_run=True)  # the culler's own identity, writing nothing
+        # the culler's own identity, writing nothing
+        runner = Runner(settings, culler_api, dry_run=True, records_namespace=CULLER_NS)
         instrument(runner, Metrics(), None, store)
         reviewer = TokenReviewer(culler_api)
         http = HealthServer("127.0.0.1:0", Metrics(), lambda: (True, "ready"), VerdictApi(store, reviewer))
