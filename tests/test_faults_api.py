@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,11 +32,13 @@ from support.faulty import FaultyServer
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
+from kf_culler.kube.writer import MAX_CONFLICT_RETRIES
 from kf_culler.local import objects as obj
 from kf_culler.local.cluster import ClusterError, LocalCluster
 from kf_culler.local.procs import free_port
 from kf_culler.model import (
     EXEMPT_ANNOTATION,
+    KEEP_UNTIL_ANNOTATION,
     PREFIX,
     REASON_ANNOTATION,
     STATE_ANNOTATION,
@@ -45,6 +48,7 @@ from kf_culler.model import (
 )
 from kf_culler.plan import EVENT_STOP
 from kf_culler.runner import Runner
+from kf_culler.timeutil import format_time
 
 pytestmark = pytest.mark.cluster
 STOP_KEYS = {STOP_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_AT_ANNOTATION, STATE_ANNOTATION, REASON_ANNOTATION}
@@ -223,6 +227,56 @@ def test_conflict_on_every_first_patch(api: Any, ns: str, faulty: FaultyServer) 
     ann = notebook_annotations(api, ns, "nb-user-stopped")
     assert ann[STOP_ANNOTATION] == "2026-01-01T00:00:00Z"  # never rewritten
     assert not [k for k in ann if k.startswith(PREFIX)] and stop_events(api, ns, "nb-user-stopped") == 0
+
+
+def test_a_stop_lands_despite_a_users_write_loop(api: Any, ns: str, faulty: FaultyServer) -> None:
+    """A user's script writes their own Notebook after every read the culler makes (right after each of the
+    writer's GETs, and once before the first patch), so every resourceVersion-guarded patch loses with 409.
+    The stop still lands, through the final JSON Patch that tests the decision's inputs instead of the
+    resourceVersion; the user's writes are all kept. The control: the same loop changing a decision input
+    (a keep-until that now asks for more time) between that last read and the patch makes the patch fail its
+    test, and no stop is written."""
+    make(api, ns, "nb-loop", "nb-loop-keep")
+    obj.patch_annotations(api, ns, "nb-loop-keep", {KEEP_UNTIL_ANNOTATION: "2026-01-01T00:00:00Z"})
+    runner = Runner(load_mapping(settings_for(faulty, ns, maxExtendMinutes=600), "test"), api)
+    gets: Counter[str] = Counter()
+
+    def user_write(name: str) -> None:
+        extra = {}
+        if name == "nb-loop-keep" and gets[name] > MAX_CONFLICT_RETRIES:  # the guarded patch's own read
+            extra = {KEEP_UNTIL_ANNOTATION: format_time(datetime.now(UTC) + timedelta(hours=2))}
+        obj.patch_annotations(api, ns, name, {"team.example.com/tick": str(gets[name]), **extra})
+
+    runner.on_observed = lambda now, nb, pod, observations: user_write(nb["metadata"]["name"])
+    runner.start_cache(30)
+    assert runner.cache is not None
+    try:
+        cycle = runner.build_cycle()
+        assert cycle.writer is not None
+        real_get = cycle.writer.custom.get_namespaced_custom_object
+
+        def get_then_user_writes(group: str, version: str, namespace: str, plural: str, name: str,
+                                 **kw: Any) -> Any:
+            got = real_get(group, version, namespace, plural, name, **kw)
+            gets[name] += 1
+            user_write(name)
+            return got
+
+        cycle.writer.custom.get_namespaced_custom_object = get_then_user_writes
+        result = cycle.run(runner.cache.snapshot())
+    finally:
+        runner.cache.close()
+    by = {r.name: r for r in result.results}
+    w = by["nb-loop"].write
+    assert w is not None and w.outcome == "patched" and w.conflicts == MAX_CONFLICT_RETRIES + 1, w
+    assert gets["nb-loop"] == MAX_CONFLICT_RETRIES + 1
+    ann = notebook_annotations(api, ns, "nb-loop")
+    assert set(ann) >= STOP_KEYS and ann["team.example.com/tick"] == str(gets["nb-loop"])
+    assert stop_events(api, ns, "nb-loop") == 1
+    kept = by["nb-loop-keep"].write
+    assert kept is not None and kept.outcome == "conflict-exhausted", kept
+    ann = notebook_annotations(api, ns, "nb-loop-keep")
+    assert STOP_ANNOTATION not in ann and stop_events(api, ns, "nb-loop-keep") == 0
 
 
 def test_notebook_deleted_between_gather_and_apply(api: Any, ns: str, faulty: FaultyServer) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_none
 
 from kf_culler.kube import GROUP, PLURAL, VERSION
+from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
 from kf_culler.plan import EventSpec, Plan
 from kf_culler.timeutil import format_time
 
@@ -109,11 +110,61 @@ class Writer:
                         return _unreachable(result, ns, name, err)
                     result.outcome, result.notebook, result.plan = "patched", current, todo
         except _Conflict:
-            result.outcome = "conflict-exhausted"
-            return result
+            last = self._guarded(ns, name, replan, may_write, result)
+            if last is None:
+                result.outcome = "conflict-exhausted"
+                return result
+            current = last
         if result.plan is not None and result.plan.event is not None and result.outcome in ("patched", "unchanged"):
             result.event = self.event(current, result.plan.event, now)
         return result
+
+    def _guarded(self, ns: str, name: str, replan: Callable[[dict[str, Any]], Plan], may_write: Callable[[], bool],
+                 result: WriteResult) -> dict[str, Any] | None:
+        """After MAX_CONFLICT_RETRIES 409s (a user's write loop on their own Notebook can make every
+        resourceVersion-guarded patch lose): re-read, re-plan, and send the plan once as a JSON Patch that
+        does not depend on the resourceVersion but `test`s what the decision read — the uid and every
+        annotation that can change a verdict — so unrelated writes cannot starve it and a changed decision
+        input still refuses it (422). The patched notebook, or None."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            fresh = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
+                                                             _request_timeout=REQUEST_TIMEOUT)
+        except Exception:
+            return None
+        todo = replan(fresh)
+        result.plan = todo
+        if not todo.annotations or not may_write():
+            return None
+        meta = fresh.get("metadata") or {}
+        ann = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else None
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": meta.get("uid")}]
+        if ann is None:
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+            ann = {}
+        for key in DECISION_ANNOTATIONS:
+            if key in ann:
+                ops.append({"op": "test", "path": _pointer(key), "value": ann[key]})
+        for key, value in todo.annotations.items():
+            if value is not None:
+                ops.append({"op": "add", "path": _pointer(key), "value": value})
+            elif key in ann:
+                ops.append({"op": "remove", "path": _pointer(key)})
+        result.attempts += 1
+        try:
+            patched: dict[str, Any] = self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, name, ops, _content_type="application/json-patch+json",
+                _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status in (409, 422):  # a decision input changed meanwhile: the next pass decides again
+                result.conflicts += 1
+            return None
+        except Exception:
+            return None
+        self.patches += 1
+        result.outcome, result.notebook = "patched", patched
+        return patched
 
     def event(self, notebook: dict[str, Any], spec: EventSpec, now: datetime) -> str:
         """Best effort: a failed Event is reported, never raised."""
@@ -142,6 +193,15 @@ class Writer:
         except Exception as err:
             log.warning("event for %s/%s failed: %s", ns, meta.get("name"), err)
             return f"failed: {type(err).__name__}"
+
+
+# The annotations a verdict reads (docs/decisions.md); the guarded patch tests each one present.
+DECISION_ANNOTATIONS = (STOP_ANNOTATION, EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION)
+
+
+def _pointer(key: str) -> str:
+    """The JSON Pointer (RFC 6901) of an annotation."""
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
 def _unreachable(result: WriteResult, ns: str, name: str, err: Exception) -> WriteResult:
