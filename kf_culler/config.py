@@ -127,6 +127,57 @@ class PrometheusSettings(_Model):
     insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
     # Also read DCGM_FI_PROF_GR_ENGINE_ACTIVE (a GPU's utilisation is the larger of the two).
     gpu_engine_active: bool = Field(default=True, alias="gpuEngineActive")
+    # PromQL label matchers (written without the braces) ANDed into every GPU query: only the admin's
+    # dcgm-exporter job is read, never a series a user's pod published (docs/configuration.md, "GPU
+    # series that users cannot forge"). The default admits the dcgm-exporter Helm chart's
+    # (`dcgm-exporter`, `<release>-dcgm-exporter`) and the GPU Operator's (`nvidia-dcgm-exporter`) jobs.
+    gpu_series_selector: str = Field(default='job=~".*dcgm.*"', alias="gpuSeriesSelector", max_length=2000)
+    # At most this many series read per GPU query; over it, whole namespaces are left out, the ones with
+    # the most series first (10,000 one-GPU pods x 2 metrics read, the third one where it exists).
+    max_series: int = Field(default=30_000, alias="maxSeries", ge=10, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _series_selector(self) -> PrometheusSettings:
+        PrometheusSettings.check_series_selector(self.gpu_series_selector)
+        return self
+
+    @staticmethod
+    def check_series_selector(value: str) -> str:
+        """gpuSeriesSelector normalised (`a="b",c=~"d"`), or ValueError saying what is wrong with it.
+
+        Terms: `label="value"`, `label=~"regex"`, `label!="value"`, separated by commas; a label name is
+        `[a-zA-Z_][a-zA-Z0-9_]*` (not `__…`); a value is a double-quoted PromQL string whose only escapes
+        are `\\` and `\"`; no `{` or `}` anywhere (nothing can end the selector it is written into).
+        """
+        import re
+
+        if "}" in value or "{" in value:
+            raise ValueError('prometheus.gpuSeriesSelector: write the label matchers without braces, e.g. '
+                             'job=~".*dcgm.*" (no { or } anywhere)')
+        term = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!=|=)\s*"((?:[^"\\\n]|\\[\\"])*)"\s*')
+        terms: list[str] = []
+        pos = 0
+        while pos < len(value) and value[pos:].strip():
+            m = term.match(value, pos)
+            if m is None:
+                raise ValueError(f'prometheus.gpuSeriesSelector: {value[pos:].strip()[:60]!r} does not start with '
+                                 'label="value", label=~"regex" or label!="value"')
+            name, op, quoted = m.groups()
+            if name.startswith("__"):
+                raise ValueError(f"prometheus.gpuSeriesSelector: label {name!r}: labels starting with __ cannot be matched")
+            if op == "=~":
+                try:
+                    re.compile(re.sub(r'\\([\\"])', r"\1", quoted))
+                except re.error as err:
+                    raise ValueError(f"prometheus.gpuSeriesSelector: {name}=~{quoted[:40]!r} is not a regular "
+                                     f"expression: {err}") from None
+            terms.append(f'{name}{op}"{quoted}"')
+            pos = m.end()
+            if pos < len(value):
+                if value[pos] != ",":
+                    raise ValueError(f"prometheus.gpuSeriesSelector: expected a comma before {value[pos:][:40]!r}")
+                pos += 1
+        return ",".join(terms)
 
 
 # A Kubernetes name that may be written into a PromQL matcher (no quotes, no regex syntax).
@@ -231,6 +282,9 @@ class Notifications(_Model):
 
     kinds: tuple[NotifyKind, ...] = Field(default=("warn", "stop"), strict=False)
     queue_size: int = Field(default=1000, alias="queueSize", ge=1, le=100_000)
+    # One namespace's share: its own queue bound and its notices per hour (kf_culler/notify/fairqueue.py).
+    queue_per_namespace: int = Field(default=100, alias="queuePerNamespace", ge=1, le=100_000)
+    per_namespace_per_hour: int = Field(default=120, alias="perNamespacePerHour", ge=1, le=100_000)
     attempts: int = Field(default=3, ge=1, le=10)
     backoff_seconds: float = Field(default=2, alias="backoffSeconds", ge=0, le=300)
     max_backoff_seconds: float = Field(default=30, alias="maxBackoffSeconds", ge=0, le=3600)

@@ -26,6 +26,7 @@ from kf_culler.model import RESTARTED_AT_ANNOTATION, STOP_ANNOTATION, WARNED_AT_
 from kf_culler.notify import SendError
 from kf_culler.notify import email as smtp
 from kf_culler.notify import webhook as hooks
+from kf_culler.notify.fairqueue import FairQueue, RateLimited
 from kf_culler.notify.message import Notice, payload, render
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
 from kf_culler.timeutil import format_time
@@ -78,7 +79,8 @@ class Notifier:
             from kf_culler.kube.events import EventRecorder
 
             self.events = EventRecorder(api_client)
-        self.queue: queue.Queue[Notice] = queue.Queue(maxsize=settings.queue_size)
+        self.queue: FairQueue[Notice] = FairQueue(settings.queue_size, settings.queue_per_namespace,
+                                                  settings.per_namespace_per_hour)
         self.last_failure: dict[tuple[str, str], str] = {}
         self.sent: list[tuple[str, Notice]] = []  # (channel, notice), for the demo and tests
         self._closing = threading.Event()
@@ -109,13 +111,17 @@ class Notifier:
         if notice.kind not in self.settings.kinds:
             return False
         try:
-            self.queue.put_nowait(notice)
+            self.queue.put_nowait(notice.namespace, notice)
             return True
         except queue.Full:
-            for channel in self._channels(notice):
-                self._count(channel, notice.kind, "dropped")
-            log.warning("notification queue full: %s notice for %s/%s dropped", notice.kind, *notice.key)
-            return False
+            outcome, why = "dropped", "notification queue full (in all, or for this namespace)"
+        except RateLimited:
+            outcome, why = "rate-limited", (f"namespace over notifications.perNamespacePerHour "
+                                            f"({self.settings.per_namespace_per_hour})")
+        for channel in self._channels(notice):
+            self._count(channel, notice.kind, outcome)
+        log.warning("%s: %s notice for %s/%s not sent", why, notice.kind, *notice.key)
+        return False
 
     # -- the worker ---------------------------------------------------------------------------------
     def start(self) -> None:
