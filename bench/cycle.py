@@ -63,7 +63,7 @@ from fleet_server import CROSS_NAMESPACE, FleetSpec, Member, cross_time, lookup,
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE", "DELETECOLLECTION"}
 LAST_ACTIVITY = "notebooks.kubeflow.org/last-activity"
 CHECK_TIMESTAMP = "notebooks.kubeflow.org/last_activity_check_timestamp"
-RESOURCES = {"notebooks", "pods", "statefulsets", "nodes", "configmaps", "events", "leases"}
+RESOURCES = {"notebooks", "pods", "statefulsets", "services", "nodes", "configmaps", "events", "leases"}
 
 
 def log(msg: str) -> None:
@@ -186,6 +186,8 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
                                                        "name": m.name, "uid": sts["metadata"]["uid"],
                                                        "controller": True}]
                 await call("POST", f"/api/v1/namespaces/{m.namespace}/pods", pod)
+                await call("POST", f"/api/v1/namespaces/{m.namespace}/services",
+                           service(m.name, made["metadata"]["uid"]))
                 await call("PATCH", f"/api/v1/namespaces/{m.namespace}/pods/{m.name}-0/status", status,
                            "application/merge-patch+json")
 
@@ -200,6 +202,14 @@ def statefulset(name: str, notebook_uid: str) -> dict[str, Any]:
             "spec": {"replicas": 1, "serviceName": "", "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels},
                                   "spec": {"containers": [{"name": name, "image": "notebook:local"}]}}}}
+
+
+def service(name: str, notebook_uid: str) -> dict[str, Any]:
+    """The Service the notebook-controller makes (the culler probes through it only when it is this one)."""
+    return {"metadata": {"name": name, "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "Notebook",
+                                                            "name": name, "uid": notebook_uid, "controller": True}]},
+            "spec": {"selector": {"statefulset": name},
+                     "ports": [{"name": f"http-{name}"[:63], "port": 80, "targetPort": 8888}]}}
 
 
 # -- the culler child ----------------------------------------------------------------------------------

@@ -116,6 +116,9 @@ class Cycle:
     # The culler's own record of each notebook (rule 15); None: no record is read or written (every notebook
     # is one the culler has no record of).
     records: RecordStore | None = None
+    # Why a notebook's Service cannot be trusted to reach its own pod (kf_culler/kube/pairing.py), when the
+    # probe URL goes through the Service; None: not checked.
+    service_problem: Callable[[dict[str, Any]], str | None] | None = None
     # What the culler confirmed keeps its probes out of a namespace (rule 16's accessProblem), or None.
     access_problem: Callable[[str], str | None] | None = None
     # The Node of a name (its GPU model label, rule 17), when the culler reads Nodes; None: it does not.
@@ -164,6 +167,7 @@ class Cycle:
             pre: dict[tuple[str, str], Verdict] = {}
             views: dict[tuple[str, str], NotebookView] = {}
             requests: list[Request] = []
+            untrusted: dict[tuple[str, str], tuple[str, str]] = {}  # not probed: (source, why)
             for nb, pod in chosen:
                 meta = nb.get("metadata") or {}
                 key = (str(meta.get("namespace")), str(meta.get("name")))
@@ -183,14 +187,21 @@ class Cycle:
                     pre[key] = verdict
                     continue
                 pod_name = ((pod or {}).get("metadata") or {}).get("name")
-                requests.append(Request(key[0], key[1], pod_name, SERVER_SOURCES.get(view.server_type),
-                                        view.gpus > 0))
+                source = SERVER_SOURCES.get(view.server_type)
+                tampered = self._tampered(nb, source)
+                if tampered is not None:
+                    untrusted[key] = (str(source), tampered)
+                    source = None  # no IDE probe; the GPU is still asked
+                requests.append(Request(key[0], key[1], pod_name, source, view.gpus > 0))
             t_gather = time.monotonic()
             with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
                 gathered = run_async(gather(requests, self.settings.operations, started, self.gpu,
                                             self.rstudio, self.slow)) if requests else Gathered()
                 self.slow.clear()
                 self.slow.update(gathered.slow)
+                for key, (source, why) in untrusted.items():
+                    gathered.observations.setdefault(key, {})[source] = {
+                        "error": f"not probed: {why}, so its answer could come from another host"}
                 gspan.set_attribute("kf_culler.probed", len(requests))
                 gspan.set_attribute("kf_culler.bulk_queries", gathered.bulk_queries)
             t_apply = time.monotonic()
@@ -219,6 +230,17 @@ class Cycle:
         t_end = time.monotonic()
         phases = {"select": t_gather - t0, "gather": t_apply - t_gather, "apply": t_end - t_apply}
         return CycleResult(started, now, t_end - t0, results, gathered.bulk_queries, interrupted, phases)
+
+    def _tampered(self, nb: dict[str, Any], source: str | None) -> str | None:
+        """Why the probe must not go through the notebook's Service (a user may point it anywhere), or None.
+        Checked only when the probe URL template goes through the Service (the default templates do)."""
+        if self.service_problem is None or source is None:
+            return None
+        urls = self.settings.operations.urls
+        template = {"jupyter": urls.jupyter, "codeServer": urls.code_server}.get(source)
+        if template is None or "{name}.{namespace}.svc" not in template:
+            return None
+        return self.service_problem(nb)
 
     def _record_of(self, nb: dict[str, Any], now: datetime) -> CullerRecord | None:
         """The culler's record of the notebook's uid; for a notebook it has none of, the one-time import of the

@@ -133,6 +133,7 @@ class Runner:
             self.records.load(self.cache.record_objects())
             cycle.records = self.records
             cycle.nodes = self.cache.node if self.cache.reads_nodes else None
+            cycle.service_problem = self.cache.service_problem
         if self.policies is not None and self.policies.enabled:
             cycle.access_problem = self.policies.access_problem
         return cycle

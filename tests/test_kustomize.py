@@ -280,6 +280,7 @@ CLUSTER_GRANTS = {
     ("kubeflow.org", "notebooks"): {"get", "list", "watch", "patch"},
     ("", "pods"): {"get", "list", "watch"},
     ("apps", "statefulsets"): {"get", "list", "watch"},  # pods paired with Notebooks by ownership
+    ("", "services"): {"get", "list", "watch"},  # a probe goes only through the Service the controller made
     ("", "nodes"): {"get", "list", "watch"},  # the GPU model of a pod's node (gpuModels)
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
@@ -321,7 +322,7 @@ def test_dry_run_cluster_role_cannot_write() -> None:
     g = grants(one(render("overlays/dry-run"), "ClusterRole", NAME))
     read = {"get", "list", "watch"}
     assert g == {("kubeflow.org", "notebooks"): read, ("", "pods"): read,
-                 ("apps", "statefulsets"): read, ("", "nodes"): read,
+                 ("apps", "statefulsets"): read, ("", "nodes"): read, ("", "services"): read,
                  ("", "namespaces"): {"get"},  # namespace labels for policy rules
                  ("authentication.k8s.io", "tokenreviews"): {"create"}}  # answered, never stored
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from kf_culler.config import GPU_MODEL_LABEL
 from kf_culler.kube import GROUP, PLURAL, VERSION
-from kf_culler.kube.pairing import Orphan, pair
+from kf_culler.kube.pairing import Orphan, pair, service_problem
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -94,6 +94,15 @@ def _slim_statefulset(obj: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {"metadata": {**{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
                          "ownerReferences": owners}}
+
+
+def _slim_service(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """What kf_culler/kube/pairing.py `service_problem` reads of a Service: identity, controller, type,
+    selector."""
+    meta, spec = _dict(obj.get("metadata")), _dict(obj.get("spec"))
+    return {"metadata": {**{k: meta[k] for k in ("name", "namespace") if k in meta},
+                         "ownerReferences": _controller_ref(meta)},
+            "spec": {k: spec[k] for k in ("type", "selector") if k in spec}}
 
 
 def _slim_node(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -284,6 +293,7 @@ class ClusterCache:
         self.notebooks: list[_Collection] = []
         self.pods: list[_Collection] = []
         self.statefulsets: list[_Collection] = []
+        self.services: list[_Collection] = []
         # The culler's own record (kf_culler/kube/records.py): ConfigMaps in its own namespace.
         self.records: list[_Collection] = [] if records_namespace is None else [_Collection(
             f"records/{records_namespace}", _bind(core.list_namespaced_config_map, records_namespace),
@@ -300,17 +310,21 @@ class ClusterCache:
                                              self.stop_event, slim=_slim_pod))
                 self.statefulsets.append(_Collection(f"statefulsets/{ns}", _bind(apps.list_namespaced_stateful_set, ns),
                                                      self.stop_event, slim=_slim_statefulset))
+                self.services.append(_Collection(f"services/{ns}", _bind(core.list_namespaced_service, ns),
+                                                 self.stop_event, slim=_slim_service))
         else:
             self.notebooks.append(_Collection(
                 "notebooks", _bind(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL), self.stop_event))
             self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, slim=_slim_pod))
             self.statefulsets.append(_Collection("statefulsets", apps.list_stateful_set_for_all_namespaces,
                                                  self.stop_event, slim=_slim_statefulset))
+            self.services.append(_Collection("services", core.list_service_for_all_namespaces, self.stop_event,
+                                             slim=_slim_service))
         self.orphans: list[Orphan] = []  # pods named like a notebook's that its ownership chain does not reach
 
     def _all(self) -> list[_Collection]:
         """The collections a pass needs synced (Nodes are optional: see `nodes`)."""
-        return self.notebooks + self.pods + self.statefulsets + self.records
+        return self.notebooks + self.pods + self.statefulsets + self.services + self.records
 
     def start(self) -> None:
         for c in [*self._all(), self.nodes]:
@@ -346,6 +360,16 @@ class ClusterCache:
             pods.update(c.snapshot())
         paired, self.orphans = pair(notebooks, statefulsets, pods)
         return paired
+
+    def service_problem(self, notebook: dict[str, Any]) -> str | None:
+        """Why the notebook's Service cannot be trusted to reach its own pod (kube/pairing.py), or None."""
+        meta = notebook.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        found = None
+        for c in self.services:
+            with c.lock:
+                found = c.objects.get(key, found)
+        return service_problem(notebook, found)
 
     def node(self, name: object) -> dict[str, Any] | None:
         """The cached Node (its GPU model label), or None when unknown or Nodes cannot be read."""

@@ -65,3 +65,26 @@ def pair(notebooks: Mapping[Key, dict[str, Any]], statefulsets: Mapping[Key, dic
             out.append((nb, None))
             orphans.append(Orphan(ns, name, pod, why))
     return out, orphans
+
+
+def service_problem(notebook: Mapping[str, Any], service: Mapping[str, Any] | None) -> str | None:
+    """Why the Service `<name>` cannot be trusted to reach this notebook's own pod, or None when it can.
+
+    Kubeflow's notebook-controller makes the Service `<name>` (a controller ownerReference to the Notebook's
+    uid), of type ClusterIP, selecting `statefulset: <name>`: its endpoints are then pods of the notebook's own
+    namespace, kept by the endpoints controller. A user can edit their Services: an ExternalName, a Service
+    without a selector (Endpoints of their choosing) or one made by hand would send the probe to any host —
+    another user's notebook, an internal service — and its answer would be taken for this notebook's."""
+    meta = notebook.get("metadata") or {}
+    name = str(meta.get("name"))
+    if service is None:
+        return f"the notebook has no Service {name}"
+    spec = service.get("spec") or {}
+    if controller_of(service) != ("Notebook", name, _uid(notebook)):
+        return f"the Service {name} is not controlled by this Notebook"
+    kind = spec.get("type") or "ClusterIP"
+    if kind not in ("ClusterIP", "NodePort", "LoadBalancer"):
+        return f"the Service {name} is of type {str(kind)[:20]}"
+    if spec.get("selector") != {"statefulset": name}:
+        return f"the Service {name} does not select the notebook's pods (statefulset: {name})"
+    return None
