@@ -135,6 +135,37 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+CONNECTION_TIMEOUT_SECONDS = 10.0  # each read and write of a connection
+MAX_CONNECTIONS = 64  # connections served at once; more are closed at once, not queued on threads
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, but at most MAX_CONNECTIONS of them: a flood of half-open or slow connections
+    costs at most that many threads, each ended by its CONNECTION_TIMEOUT_SECONDS."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class HealthServer:
     """Serves /metrics, /healthz (the process answers), /readyz (caches synced, last pass recent) and, with
     `api`, the read-only verdict API under /api/ (docs/verdict-api.md). Methods other than GET/HEAD: 405."""
@@ -147,6 +178,7 @@ class HealthServer:
 
         class Handler(BaseHTTPRequestHandler):
             _head = False
+            timeout = CONNECTION_TIMEOUT_SECONDS  # a connection that sends nothing is closed after this
 
             def do_HEAD(self) -> None:
                 self._head = True
@@ -202,7 +234,7 @@ class HealthServer:
         self.ready = ready
         self.api = api
         self.notes: list[str] = []  # lines /readyz adds to its answer (e.g. "warning: no GPU metrics source ...")
-        self.server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+        self.server = BoundedHTTPServer((host or "127.0.0.1", int(port)), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="health", daemon=True)
 

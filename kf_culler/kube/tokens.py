@@ -8,6 +8,7 @@ one it accepts; an API server that cannot be asked is an error, never a verdict,
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -18,7 +19,11 @@ from typing import Any
 from kf_culler.errors import ReviewUnavailable as ReviewUnavailable
 
 SA_PREFIX = "system:serviceaccount:"
-MAX_TOKEN_BYTES = 16 * 1024
+MAX_TOKEN_BYTES = 8 * 1024  # a ServiceAccount token (a JWT) is 1-2 KiB
+# A JWT: three base64url segments (RFC 7515 compact form). Anything else is refused without a TokenReview.
+JWT = re.compile(r"^[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}$")
+MAX_REVIEWS_IN_FLIGHT = 4  # TokenReviews at once: garbage tokens cannot crowd the culler's own API requests
+REVIEW_WAIT_SECONDS = 2.0  # how long a caller waits for a slot before "busy"
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ def identity_from(username: str) -> Identity:
 class TokenReviewer:
     """`review(token)` -> Identity, asking the API server at most once per token per `ttl` seconds."""
 
-    def __init__(self, api_client: Any, ttl: float = 10.0, negative_ttl: float = 2.0, max_entries: int = 4096,
+    def __init__(self, api_client: Any, ttl: float = 10.0, negative_ttl: float = 30.0, max_entries: int = 4096,
                  timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.api_client = api_client
         self.ttl, self.negative_ttl, self.max_entries, self.timeout = ttl, negative_ttl, max_entries, timeout
@@ -49,9 +54,16 @@ class TokenReviewer:
         self.reviews = 0  # TokenReviews sent (for tests and curiosity)
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, tuple[float, Identity]] = OrderedDict()
+        self._slots = threading.BoundedSemaphore(MAX_REVIEWS_IN_FLIGHT)
+        self.refused_unasked = 0  # tokens refused for their shape, without a TokenReview
 
     def review(self, token: str) -> Identity:
-        if not token or len(token) > MAX_TOKEN_BYTES:
+        """The caller's identity. A token that is not a JWT of sane size is refused without asking the API
+        server; a negative answer is cached (`negative_ttl`) like a positive one; at most
+        MAX_REVIEWS_IN_FLIGHT TokenReviews run at once, and a caller that cannot get a slot within
+        REVIEW_WAIT_SECONDS gets ReviewUnavailable (503), not a queue of TokenReviews."""
+        if not token or len(token) > MAX_TOKEN_BYTES or not JWT.match(token):
+            self.refused_unasked += 1
             return Identity(False, error="no usable token")
         key = hashlib.sha256(token.encode()).hexdigest()  # the token itself is never kept
         now = self.clock()
@@ -59,7 +71,12 @@ class TokenReviewer:
             hit = self._cache.get(key)
             if hit is not None and hit[0] > now:
                 return hit[1]
-        ident = self._ask(token)
+        if not self._slots.acquire(timeout=REVIEW_WAIT_SECONDS):
+            raise ReviewUnavailable("TokenReview busy: too many callers at once")
+        try:
+            ident = self._ask(token)
+        finally:
+            self._slots.release()
         with self._lock:
             self._cache[key] = (now + (self.ttl if ident.authenticated else self.negative_ttl), ident)
             self._cache.move_to_end(key)

@@ -1,0 +1,85 @@
+"""The culler's HTTP port under a hostile tenant: half-open connections cost bounded threads and end by
+themselves; garbage bearer tokens cost no TokenReview; TokenReviews at once are bounded."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+
+from kf_culler import metrics as metrics_module
+from kf_culler.kube import tokens
+from kf_culler.kube.tokens import ReviewUnavailable, TokenReviewer
+from kf_culler.metrics import HealthServer, Metrics
+
+
+def test_tokens_that_are_not_jwts_cost_no_token_review() -> None:
+    reviewer = TokenReviewer(api_client=None)  # any TokenReview would fail: there is no API client
+    for garbage in ("x", "Bearer", "a" * 5000, "a.b.c", "<script>.x.y", "aaaaaaaa.bbbbbbbb", "é" * 40,
+                    "aaaaaaaa.bbbbbbbb.cccccccc" + "d" * tokens.MAX_TOKEN_BYTES):
+        assert not reviewer.review(garbage).authenticated
+    assert reviewer.reviews == 0 and reviewer.refused_unasked == 8
+
+
+def test_token_reviews_at_once_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokens, "REVIEW_WAIT_SECONDS", 0.2)
+    gate = threading.Event()
+    in_flight, peak = [0], [0]
+    lock = threading.Lock()
+
+    class Slow(TokenReviewer):
+        def _ask(self, token: str) -> Any:
+            with lock:
+                in_flight[0] += 1
+                peak[0] = max(peak[0], in_flight[0])
+            gate.wait(5)
+            with lock:
+                in_flight[0] -= 1
+            return tokens.Identity(False, error="no")
+
+    reviewer = Slow(api_client=None)
+    outcomes: list[str] = []
+
+    def call(i: int) -> None:
+        try:
+            reviewer.review(f"aaaaaaaa.bbbbbbbb.{i:08d}")
+            outcomes.append("answered")
+        except ReviewUnavailable:
+            outcomes.append("busy")
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert peak[0] == tokens.MAX_REVIEWS_IN_FLIGHT
+    assert outcomes.count("answered") == tokens.MAX_REVIEWS_IN_FLIGHT and outcomes.count("busy") == 16
+
+
+def test_half_open_connections_are_bounded_and_end_by_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics_module, "CONNECTION_TIMEOUT_SECONDS", 1.0)
+    server = HealthServer("127.0.0.1:0", Metrics(), lambda: (True, "ready"))
+    server.start()
+    before = threading.active_count()
+    held = []
+    try:
+        for _ in range(400):  # connect, send nothing
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            held.append(s)
+        time.sleep(0.3)
+        assert threading.active_count() - before <= metrics_module.MAX_CONNECTIONS
+        assert server.server.refused > 0  # past the cap: closed at once, no thread
+        time.sleep(2.0)  # every held connection timed out: its thread is gone
+        assert threading.active_count() - before <= 2
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as r:
+            assert r.status == 200 and r.read() == b"ok\n"
+    finally:
+        for s in held:
+            s.close()
+        server.stop()
