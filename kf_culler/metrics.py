@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -136,34 +138,66 @@ class Metrics:
 
 
 CONNECTION_TIMEOUT_SECONDS = 10.0  # each read and write of a connection
-MAX_CONNECTIONS = 64  # connections served at once; more are closed at once, not queued on threads
+CONNECTION_DEADLINE_SECONDS = 20.0  # a whole connection, however slowly it trickles
+MAX_CONNECTIONS = 256  # connections served at once; more are closed at once, not queued on threads
+MAX_CONNECTIONS_PER_CLIENT = 8  # from one address: one tenant's pod cannot take every slot from the kubelet
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, but at most MAX_CONNECTIONS of them: a flood of half-open or slow connections
-    costs at most that many threads, each ended by its CONNECTION_TIMEOUT_SECONDS."""
+    """A thread per connection, but at most MAX_CONNECTIONS of them and MAX_CONNECTIONS_PER_CLIENT from one
+    address: a flood of half-open or slow connections from a pod costs at most that many threads, each ended
+    by its CONNECTION_TIMEOUT_SECONDS per read and CONNECTION_DEADLINE_SECONDS in all, and leaves the slots
+    of other addresses (the kubelet's liveness probe, Prometheus) free."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}
+        self._total = 0
         self.refused = 0
 
+    def _client(self, client_address: Any) -> str:
+        return str(client_address[0]) if isinstance(client_address, tuple) and client_address else "?"
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            self.shutdown_request(request)
-            return
+        who = self._client(client_address)
+        with self._lock:
+            if self._total >= MAX_CONNECTIONS or self._open.get(who, 0) >= MAX_CONNECTIONS_PER_CLIENT:
+                self.refused += 1
+                self.shutdown_request(request)
+                return
+            self._total += 1
+            self._open[who] = self._open.get(who, 0) + 1
         try:
             super().process_request(request, client_address)
         except Exception:
-            self._slots.release()
+            self._release(who)
             raise
 
+    def _release(self, who: str) -> None:
+        with self._lock:
+            self._total -= 1
+            left = self._open.get(who, 1) - 1
+            if left <= 0:
+                self._open.pop(who, None)
+            else:
+                self._open[who] = left
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        deadline = threading.Timer(CONNECTION_DEADLINE_SECONDS, _cut, (request,))
+        deadline.daemon = True
+        deadline.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            deadline.cancel()
+            self._release(self._client(client_address))
+
+
+def _cut(sock: Any) -> None:
+    """End a connection past its deadline (its thread then sees the socket closed)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class HealthServer:

@@ -62,24 +62,63 @@ def test_token_reviews_at_once_are_bounded(monkeypatch: pytest.MonkeyPatch) -> N
     assert outcomes.count("answered") == tokens.MAX_REVIEWS_IN_FLIGHT and outcomes.count("busy") == 16
 
 
-def test_half_open_connections_are_bounded_and_end_by_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_half_open_connections_from_one_pod_leave_the_probes_their_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """400 connections from one address that send nothing (127.0.0.2, a tenant's pod) hold at most
+    MAX_CONNECTIONS_PER_CLIENT threads; /healthz from another address (127.0.0.1, the kubelet) answers
+    meanwhile; every held connection ends by itself."""
     monkeypatch.setattr(metrics_module, "CONNECTION_TIMEOUT_SECONDS", 1.0)
-    server = HealthServer("127.0.0.1:0", Metrics(), lambda: (True, "ready"))
+    server = HealthServer("0.0.0.0:0", Metrics(), lambda: (True, "ready"))
     server.start()
     before = threading.active_count()
     held = []
     try:
         for _ in range(400):  # connect, send nothing
-            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.1", server.port))
             held.append(s)
         time.sleep(0.3)
-        assert threading.active_count() - before <= metrics_module.MAX_CONNECTIONS
+        threads = threading.active_count() - before
+        assert threads <= 2 * metrics_module.MAX_CONNECTIONS_PER_CLIENT, threads  # (and their deadline timers)
         assert server.server.refused > 0  # past the cap: closed at once, no thread
-        time.sleep(2.0)  # every held connection timed out: its thread is gone
-        assert threading.active_count() - before <= 2
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as r:
             assert r.status == 200 and r.read() == b"ok\n"
+        time.sleep(2.0)  # every held connection timed out: its thread is gone
+        assert threading.active_count() - before <= 2
     finally:
         for s in held:
             s.close()
+        server.stop()
+
+
+def test_a_trickling_connection_ends_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow client that sends a byte before every read timeout is cut at the connection's deadline."""
+    monkeypatch.setattr(metrics_module, "CONNECTION_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(metrics_module, "CONNECTION_DEADLINE_SECONDS", 2.0)
+    server = HealthServer("127.0.0.1:0", Metrics(), lambda: (True, "ready"))
+    server.start()
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    try:
+        t0 = time.monotonic()
+        cut = False
+        while time.monotonic() - t0 < 8:
+            try:
+                s.sendall(b"G")
+                time.sleep(0.5)
+            except OSError:
+                cut = True
+                break
+            try:
+                s.settimeout(0.01)
+                if s.recv(1) == b"":  # the server closed it
+                    cut = True
+                    break
+            except TimeoutError:
+                pass
+            finally:
+                s.settimeout(5)
+        assert cut and time.monotonic() - t0 < 6
+    finally:
+        s.close()
         server.stop()
