@@ -97,3 +97,33 @@ def test_reclaimed_gpu_time_counts_only_the_cullers_own_stops_of_unorphaned_note
     for t in (now, now + timedelta(hours=1)):
         metrics.account_reclaimed(items, t, ("nvidia.com/gpu",), recorded, frozenset({("ns", "orphaned")}))
     assert metrics.registry.get_sample_value("kf_culler_gpu_hours_reclaimed_total") == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.cluster
+def test_a_huge_notebook_costs_the_cache_only_what_the_culler_reads(api: Any, namespace: str) -> None:
+    """A user's Notebook with ~900 KiB of env in its spec is kept as a few KiB: the fields the culler reads."""
+    import json as _json
+
+    from kf_culler.kube.cache import ClusterCache
+
+    body = obj.notebook("big", gpus=1, annotations={"team.example.com/note": "x" * 1000})
+    container = body["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": f"V{i}", "value": "y" * 900} for i in range(1000)]
+    body["spec"]["template"]["spec"]["initContainers"] = [
+        {"name": "side", "image": "s:1", "restartPolicy": "Always", "command": ["z" * 1000],
+         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    obj.create_notebook(api, namespace, body)
+    cache = ClusterCache(api, (namespace,))
+    cache.start()
+    try:
+        assert cache.wait_synced(30)
+        ((nb, _pod),) = cache.snapshot()
+    finally:
+        cache.close()
+    assert len(_json.dumps(nb)) < 8 * 1024
+    spec = nb["spec"]["template"]["spec"]
+    assert "env" not in spec["containers"][0] and spec["containers"][0]["resources"] == container["resources"]
+    assert spec["initContainers"] == [{"name": "side", "image": "s:1", "restartPolicy": "Always",
+                                       "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    assert nb["metadata"]["annotations"]["team.example.com/note"] == "x" * 1000
+    assert nb["metadata"]["uid"] and nb["metadata"]["resourceVersion"]

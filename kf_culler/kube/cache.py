@@ -96,6 +96,44 @@ def _slim_statefulset(obj: dict[str, Any]) -> dict[str, Any] | None:
                          "ownerReferences": owners}}
 
 
+NOTEBOOK_META = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+                 "deletionTimestamp", "labels", "annotations")
+NOTEBOOK_POD_SPEC = ("nodeSelector", "affinity")
+
+
+def _slim_notebook(obj: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a Notebook the culler reads (kf_culler/notebook.py `NotebookView`, the plan, the writer):
+    identity and resourceVersion, labels and annotations (the API server bounds them at 256 KiB), the pod
+    template's containers' and init containers' images and resources and its node selection, and the status
+    the web app shows. A user's Notebook can be megabytes of spec (env, volumes, commands): kept whole, thirty
+    stopped ones crashed the culler at its list; slimmed, each costs what these fields cost."""
+    meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
+    template = _dict(spec.get("template"))
+    pod_spec = _dict(template.get("spec"))
+
+    def some(key: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+        found = pod_spec.get(key)
+        return [{k: c[k] for k in keys if k in c} for c in (found if isinstance(found, list) else [])
+                if isinstance(c, dict)]
+
+    slim_spec: dict[str, Any] = {"containers": some("containers", CONTAINER_KEYS)}
+    if isinstance(pod_spec.get("initContainers"), list):
+        slim_spec["initContainers"] = some("initContainers", INIT_CONTAINER_KEYS)
+    affinity = _dict(pod_spec.get("affinity"))
+    if "nodeAffinity" in affinity:
+        slim_spec["affinity"] = {"nodeAffinity": affinity["nodeAffinity"]}
+    if "nodeSelector" in pod_spec:
+        slim_spec["nodeSelector"] = pod_spec["nodeSelector"]
+    out: dict[str, Any] = {
+        "apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": obj.get("kind", "Notebook"),
+        "metadata": {k: meta[k] for k in NOTEBOOK_META if k in meta},
+        "spec": {"template": {"spec": slim_spec}},
+    }
+    if status:
+        out["status"] = {k: status[k] for k in ("readyReplicas", "containerState") if k in status}
+    return out
+
+
 def _slim_service(obj: dict[str, Any]) -> dict[str, Any] | None:
     """What kf_culler/kube/pairing.py `service_problem` reads of a Service: identity, controller, type,
     selector."""
@@ -305,7 +343,7 @@ class ClusterCache:
             for ns in namespaces:
                 self.notebooks.append(_Collection(
                     f"notebooks/{ns}", _bind(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL),
-                    self.stop_event))
+                    self.stop_event, slim=_slim_notebook))
                 self.pods.append(_Collection(f"pods/{ns}", _bind(core.list_namespaced_pod, ns),
                                              self.stop_event, slim=_slim_pod))
                 self.statefulsets.append(_Collection(f"statefulsets/{ns}", _bind(apps.list_namespaced_stateful_set, ns),
@@ -314,7 +352,8 @@ class ClusterCache:
                                                  self.stop_event, slim=_slim_service))
         else:
             self.notebooks.append(_Collection(
-                "notebooks", _bind(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL), self.stop_event))
+                "notebooks", _bind(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL), self.stop_event,
+                slim=_slim_notebook))
             self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, slim=_slim_pod))
             self.statefulsets.append(_Collection("statefulsets", apps.list_stateful_set_for_all_namespaces,
                                                  self.stop_event, slim=_slim_statefulset))
