@@ -1,4 +1,9 @@
-"""People-facing output: the `check` table, JSON/YAML, and `explain`."""
+"""People-facing output: the `check` table, JSON/YAML, and `explain`.
+
+Names, reasons, server types and server answers are written by users: the table and `explain` print each
+cut (kf_culler/text.py) and with its control characters made visible, so nothing repaints the terminal.
+JSON and YAML escape control characters themselves (json.dumps: `\\u001b`; yaml.safe_dump: `"\\e"`).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import yaml
 
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.stopped import LongStopped
+from kf_culler.text import BLOCK, NAME, REASON, SNIPPET, URL, VALUE, clean
 from kf_culler.timeutil import format_time
 
 TYPE_NAMES = {"jupyter": "jupyter", "group-one": "code-server", "group-two": "rstudio"}
@@ -43,10 +49,10 @@ def table(result: CycleResult, wide: bool = False) -> str:
               "REASON"]
     lines = [header]
     for r in result.results:
-        reason = r.verdict.reason if wide else _shorten(r.verdict.reason, 90)
-        policy = [r.verdict.policy_rule or "-"] if wide else []
-        lines.append([r.namespace, r.name, TYPE_NAMES.get(r.server_type, r.server_type), str(r.gpus),
-                      r.verdict.state, _idle(r), r.verdict.action, *policy, reason])
+        reason = clean(r.verdict.reason, REASON if wide else 90)
+        policy = [clean(r.verdict.policy_rule or "-", NAME)] if wide else []
+        lines.append([clean(r.namespace, NAME), clean(r.name, NAME), _type(r.server_type), str(r.gpus),
+                      clean(r.verdict.state, VALUE), _idle(r), clean(r.verdict.action, VALUE), *policy, reason])
     widths = [max(len(row[i]) for row in lines) for i in range(len(header) - 1)]
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "   " + row[-1]
                      for row in lines)
@@ -56,47 +62,53 @@ def _shorten(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def _type(server_type: str) -> str:
+    """The server type's name; an unknown one (a user's annotation) cut and made visible."""
+    return TYPE_NAMES.get(server_type) or clean(server_type, VALUE)
+
+
 def render(result: CycleResult, fmt: str, warnings: Sequence[str] = ()) -> str:
     """`warnings` (e.g. no GPU metrics source): `# warning: ...` lines above the table, `warnings` in JSON/YAML."""
     if fmt in ("json", "yaml"):
         doc: dict[str, Any] = {"now": result.now.isoformat(), **({"warnings": list(warnings)} if warnings else {}),
                                "notebooks": rows(result)}
         return json.dumps(doc, indent=2) if fmt == "json" else yaml.safe_dump(doc, sort_keys=False)
-    return "".join(f"# warning: {w}\n" for w in warnings) + table(result, wide=fmt == "wide")
+    return "".join(f"# warning: {clean(w, BLOCK)}\n" for w in warnings) + table(result, wide=fmt == "wide")
 
 
 def explain(r: NotebookResult, notifications: str | None = None) -> str:
     v = r.verdict
-    out = [f"Notebook {r.namespace}/{r.name}  (server type {r.server_type}, {r.gpus} GPU(s))", ""]
-    out.append(f"Verdict: {v.action} / {v.state}   (rule {v.rule})")
-    out.append(f"Reason:  {v.reason}")
+    out = [f"Notebook {clean(r.namespace, NAME)}/{clean(r.name, NAME)}  (server type "
+           f"{clean(r.server_type, VALUE)}, {r.gpus} GPU(s))", ""]
+    out.append(f"Verdict: {clean(v.action, VALUE)} / {clean(v.state, VALUE)}   (rule {clean(v.rule, VALUE)})")
+    out.append(f"Reason:  {clean(v.reason, REASON)}")
     if v.policy_rule is not None:
-        out.append(f"Policy: rule {v.policy_rule}")
+        out.append(f"Policy: rule {clean(v.policy_rule, NAME)}")
     d = v.to_dict()
     for label, key in (("Idle since", "idleSince"), ("Warn at", "warnAt"), ("Stop at", "stopAt")):
         if d.get(key):
-            out.append(f"{label + ':':<11} {d[key]}")
+            out.append(f"{label + ':':<11} {clean(d[key], VALUE)}")
     out.append("")
     out.append("Sources (raw answers, then how they were read):")
     if not r.observations:
         out.append("  (none asked: the verdict did not need them)")
     for source, raw in r.observations.items():
-        out.append(f"  {source}:")
-        text = json.dumps(raw, indent=2, default=str)
-        if len(text) > 4000:
-            text = text[:4000] + "\n  … (truncated)"
+        out.append(f"  {clean(source, VALUE)}:")
+        text = json.dumps(raw, indent=2, default=str)  # ASCII: every control character as \uNNNN
+        if len(text) > BLOCK:
+            text = text[:BLOCK] + "\n  … (truncated)"
         out.extend("    " + line for line in text.splitlines())
         if source in v.evidence:
             out.append(f"    read as: {json.dumps(v.evidence[source])}")
     for call in r.calls:
-        out.append(f"  GET {call.url} -> {call.status or '-'} in {call.seconds * 1000:.0f} ms"
-                   + (f" ({call.error})" if call.error else ""))
+        out.append(f"  GET {clean(call.url, URL)} -> {call.status or '-'} in {call.seconds * 1000:.0f} ms"
+                   + (f" ({clean(call.error, SNIPPET)})" if call.error else ""))
     out.append("")
     out.append("The culler's record (rule 15; ConfigMaps kf-culler-records-* in its namespace): "
                + (json.dumps(r.record.to_dict()) if r.record is not None and not r.record.empty else "none"))
     if notifications is not None:
         out.append("")
-        out.append(f"Notifications: {notifications}")
+        out.append(f"Notifications: {clean(notifications, REASON)}")
     if r.plan is not None and not r.plan.empty:
         out.append("")
         out.append(f"Would write: annotations {json.dumps(r.plan.annotations)}"
@@ -115,8 +127,8 @@ def with_long_stopped(text: str, fmt: str, found: list[LongStopped], days: float
         return text
     lines = [["NAMESPACE", "NAME", "GPUS", "STOPPED", "DAYS", "VOLUMES (kept)"]]
     for s in found:
-        lines.append([s.namespace, s.name, str(s.gpus), format_time(s.stopped_at), f"{s.days:.0f}",
-                      ", ".join(s.volumes) or "-"])
+        lines.append([clean(s.namespace, NAME), clean(s.name, NAME), str(s.gpus), format_time(s.stopped_at),
+                      f"{s.days:.0f}", ", ".join(clean(v, NAME) for v in s.volumes) or "-"])
     widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]) - 1)]
     section = "\n".join("   ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "   " + row[-1]
                         for row in lines)

@@ -104,7 +104,8 @@ NOTEBOOK_POD_SPEC = ("nodeSelector", "affinity")
 def _slim_notebook(obj: dict[str, Any]) -> dict[str, Any]:
     """The parts of a Notebook the culler reads (kf_culler/notebook.py `NotebookView`, the plan, the writer):
     identity and resourceVersion, labels and annotations (the API server bounds them at 256 KiB), the pod
-    template's containers' and init containers' images and resources and its node selection, and the status
+    template's containers' and init containers' images and resources, its node selection and its claims'
+    names (`kf_culler/stopped.py`), and the status
     the web app shows. A user's Notebook can be megabytes of spec (env, volumes, commands): kept whole, thirty
     stopped ones crashed the culler at its list; slimmed, each costs what these fields cost."""
     meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
@@ -124,6 +125,11 @@ def _slim_notebook(obj: dict[str, Any]) -> dict[str, Any]:
         slim_spec["affinity"] = {"nodeAffinity": affinity["nodeAffinity"]}
     if "nodeSelector" in pod_spec:
         slim_spec["nodeSelector"] = pod_spec["nodeSelector"]
+    claims = [{"name": v.get("name"), "persistentVolumeClaim": _pick(v.get("persistentVolumeClaim"), ("claimName",))}
+              for v in (pod_spec.get("volumes") if isinstance(pod_spec.get("volumes"), list) else [])
+              if isinstance(v, dict) and isinstance(v.get("persistentVolumeClaim"), dict)]
+    if claims:
+        slim_spec["volumes"] = claims  # the long-stopped report names the claims a stopped notebook keeps
     out: dict[str, Any] = {
         "apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": obj.get("kind", "Notebook"),
         "metadata": {k: meta[k] for k in NOTEBOOK_META if k in meta},

@@ -2,18 +2,28 @@
 
 Texts are `string.Template`s; every `$field` below may be used in `notifications.templates`
 (docs/notifications.md lists them).
+
+The admin writes the templates; the notebook's user writes what fills several fields (the name and
+namespace, and through annotations and their server's answers, parts of the reason). Those values are
+escaped for where they are shown, the templates never: control characters are made visible in every text
+(kf_culler/text.py); Slack gets `&`, `<`, `>` as `&amp;` `&lt;` `&gt;` in its mrkdwn texts, which are also
+`verbatim` (no automatic links or mentions); Teams gets the Markdown characters (`_TEAMS_SPECIAL`: the
+backslash, emphasis, code, link, HTML and brace characters) after a backslash (no emphasis, links or
+`{{DATE()}}`). The generic document carries the raw values (JSON encodes them).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from string import Template
 from typing import Any
 
 from kf_culler.config import Templates
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, STOP_ANNOTATION
+from kf_culler.text import NAME, REASON, VALUE, cut, visible
 from kf_culler.timeutil import format_time
 
 VERSION = "kf-culler.notification/v1"
@@ -79,8 +89,51 @@ def start_command(n: Notice) -> str:
     return f"kubectl annotate notebook {n.name} -n {n.namespace} {STOP_ANNOTATION}-"
 
 
-def fields(n: Notice, dashboard_url: str | None = None) -> dict[str, str]:
-    """Every $field a template may use, as text."""
+Escape = Callable[[str], str]
+
+
+def plain(text: str) -> str:
+    """For plain text (mail; the generic document's subject and text): control characters made visible."""
+    return visible(text)
+
+
+def slack_escape(text: str) -> str:
+    """For Slack mrkdwn: `&`, `<`, `>` as entities, so no `<!channel>`, `<@U…>` or `<url|label>` of a user's
+    works (https://api.slack.com/reference/surfaces/formatting#escaping)."""
+    return visible(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _slack_cut(text: str, limit: int) -> str:
+    """At most `limit` characters, never ending inside an entity (`&am`)."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    amp = head.rfind("&")
+    return head[:amp] if amp != -1 and ";" not in head[amp:] else head
+
+
+_TEAMS_SPECIAL = frozenset("\\*_~`[]<>{}")
+
+
+def teams_escape(text: str) -> str:
+    """For a Teams Adaptive Card TextBlock (a CommonMark subset): Markdown's emphasis, code, link and
+    HTML characters, and the braces of `{{DATE()}}`, each after a backslash, so they are shown as written."""
+    return "".join("\\" + c if c in _TEAMS_SPECIAL else c for c in visible(text))
+
+
+def _shown(n: Notice, esc: Escape) -> Notice:
+    """The notice with every user-derived text cut (kf_culler/text.py) and escaped by `esc`."""
+    return replace(n, namespace=esc(cut(n.namespace, NAME)), name=esc(cut(n.name, NAME)),
+                   reason=esc(cut(n.reason, REASON)), state=esc(cut(n.state, VALUE)), rule=esc(cut(n.rule, VALUE)))
+
+
+def fields(n: Notice, dashboard_url: str | None = None, esc: Escape = plain,
+           link: Escape | None = None) -> dict[str, str]:
+    """Every $field a template may use, as text: user-derived values through `esc`; the admin's dashboard
+    URL as written (`link`, when given, makes $dashboardUrl and the one in $howToStart a link)."""
+    n = _shown(n, esc)
+    if dashboard_url and link is not None:
+        dashboard_url = link(dashboard_url)
     keep = keep_command(n)
     latest = n.stop_at + timedelta(minutes=n.max_extend_minutes) if n.stop_at and keep else None
     how_to_keep = "- Use it: open the notebook and work in it (run a cell, use a terminal) before then."
@@ -104,7 +157,10 @@ def fields(n: Notice, dashboard_url: str | None = None) -> dict[str, str]:
 
 def render(n: Notice, templates: Templates | None = None, dashboard_url: str | None = None) -> tuple[str, str]:
     """(subject, body) for the notice, from the configured templates or the defaults."""
-    values = fields(n, dashboard_url)
+    return _render(n, fields(n, dashboard_url), templates)
+
+
+def _render(n: Notice, values: dict[str, str], templates: Templates | None) -> tuple[str, str]:
     chosen = templates or Templates()
     subject = getattr(chosen, f"{n.kind}_subject") or DEFAULTS[f"{n.kind}_subject"]
     body = getattr(chosen, f"{n.kind}_body") or DEFAULTS[f"{n.kind}_body"]
@@ -118,13 +174,20 @@ def payload(n: Notice, fmt: str, templates: Templates | None = None, dashboard_u
     values = fields(n, dashboard_url)
     doc: dict[str, Any]
     if fmt == "slack":
+        # Values escaped (Slack decodes the three entities in every text object, plain_text too); the mrkdwn
+        # texts `verbatim` (no automatic links, channel names or mentions), so the dashboard is an explicit link.
+        subject, body = _render(n, fields(n, dashboard_url, slack_escape, lambda u: f"<{slack_escape(u)}>"),
+                                templates)
         doc = {"text": subject, "blocks": [
-            {"type": "header", "text": {"type": "plain_text", "text": subject[:150]}},
-            {"type": "section", "text": {"type": "mrkdwn", "text": body[:3000]}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"kf-culler · rule {n.rule}"}]},
+            {"type": "header", "text": {"type": "plain_text", "text": _slack_cut(subject, 150)}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": _slack_cut(body, 3000), "verbatim": True}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"kf-culler · rule {slack_escape(n.rule)}",
+                                              "verbatim": True}]},
         ]}
     elif fmt == "teams":  # an Adaptive Card, as Teams' Workflows webhooks take it
-        facts = [{"title": "Notebook", "value": f"{n.namespace}/{n.name}"},
+        subject, body = _render(n, fields(n, dashboard_url, teams_escape), templates)
+        shown = _shown(n, teams_escape)
+        facts = [{"title": "Notebook", "value": f"{shown.namespace}/{shown.name}"},
                  {"title": "Stopped at" if n.kind == "stop" else "Stop at", "value": values["stopAt"]}]
         doc = {"type": "message", "attachments": [{
             "contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None,
@@ -139,7 +202,7 @@ def payload(n: Notice, fmt: str, templates: Templates | None = None, dashboard_u
             "version": VERSION, "kind": n.kind,
             "notebook": {"namespace": n.namespace, "name": n.name, "uid": n.uid, "serverType": n.server_type,
                          "gpus": n.gpus},
-            "reason": n.reason, "state": n.state, "rule": n.rule, "at": values["at"],
+            "reason": cut(n.reason, REASON), "state": n.state, "rule": n.rule, "at": values["at"],
             "stopAt": values["stopAt"] or None, "idleSince": values["idleSince"] or None,
             "howToKeep": values["howToKeep"] if n.kind == "warn" else None,
             "keepCommand": (values["keepCommand"] or None) if n.kind == "warn" else None,
