@@ -256,3 +256,15 @@ def test_without_url_replaces_the_configured_url() -> None:
         "Invalid URL 'prometheus.url/api/v1/query': bad")
     assert without_url("nothing here", None) == "nothing here"
     assert url_problem("https://prometheus.monitoring.svc:9090/") is None
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:99999/tok-SECRET", "http://127.0.0.1:9/tok-SECRET"])
+def test_a_dcgm_endpoint_is_never_in_a_pod_error(endpoint: str) -> None:
+    from datetime import UTC, datetime
+
+    from kf_culler.config import load_mapping as load
+    from kf_culler.sources.dcgm import DcgmScraper
+
+    scraper = DcgmScraper(load({"dcgm": {"endpoints": [endpoint], "timeoutSeconds": 2}}, "t").operations.dcgm)
+    answers, _ = scraper.samples([("ns", "p-0")], datetime.now(UTC))
+    assert "SECRET" not in str(answers) and "error" in answers[("ns", "p-0")]

@@ -125,8 +125,9 @@ def _slim_notebook(obj: dict[str, Any]) -> dict[str, Any]:
         slim_spec["affinity"] = {"nodeAffinity": affinity["nodeAffinity"]}
     if "nodeSelector" in pod_spec:
         slim_spec["nodeSelector"] = pod_spec["nodeSelector"]
+    found = pod_spec.get("volumes")
     claims = [{"name": v.get("name"), "persistentVolumeClaim": _pick(v.get("persistentVolumeClaim"), ("claimName",))}
-              for v in (pod_spec.get("volumes") if isinstance(pod_spec.get("volumes"), list) else [])
+              for v in (found if isinstance(found, list) else [])
               if isinstance(v, dict) and isinstance(v.get("persistentVolumeClaim"), dict)]
     if claims:
         slim_spec["volumes"] = claims  # the long-stopped report names the claims a stopped notebook keeps

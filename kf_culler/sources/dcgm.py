@@ -135,8 +135,15 @@ class DcgmScraper:
                     chunks.append(chunk)
         except requests.exceptions.Timeout:
             raise ScrapeError(f"no answer within {budget:g}s") from None
+        except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
+                requests.exceptions.URLRequired, urllib3.exceptions.LocationValueError) as err:
+            raise ScrapeError(f"the dcgm-exporter endpoint (dcgm.endpoints) is not usable "
+                              f"({type(err).__name__})") from None
+        except requests.exceptions.ConnectionError as err:
+            # the client's text repeats the endpoint's host and path (a path may hold a token): not in a reason
+            raise ScrapeError(f"{type(err).__name__}: the endpoint could not be reached") from None
         except requests.exceptions.RequestException as err:
-            raise ScrapeError(f"{type(err).__name__}: {str(err)[:200]}") from None
+            raise ScrapeError(f"{type(err).__name__}: the request failed") from None
         return b"".join(chunks).decode("utf-8", errors="replace")
 
     def _record(self, result: _Scrape, t: float) -> None:
