@@ -100,6 +100,12 @@ class ProbeSettings(_Model):
     timeout_seconds: float = Field(default=5.0, alias="timeoutSeconds", gt=0, le=300)
     max_response_bytes: int = Field(default=1 << 20, alias="maxResponseBytes", ge=1024, le=1 << 30)
     retries: int = Field(default=1, ge=0, le=5)
+    # Bounds on what a notebook server (which its user controls) can make the culler hold; see
+    # docs/faults.md. Real answers: headers < 1 KiB in 10 lines, JSON 2 deep, 6 values per kernel.
+    max_header_bytes: int = Field(default=64 << 10, alias="maxHeaderBytes", ge=1024, le=1 << 20)
+    max_json_depth: int = Field(default=20, alias="maxJsonDepth", ge=2, le=100)
+    max_json_values: int = Field(default=50_000, alias="maxJsonValues", ge=100, le=10_000_000)
+    max_list_items: int = Field(default=1_000, alias="maxListItems", ge=10, le=1_000_000)
 
 
 class Urls(_Model):
@@ -160,11 +166,13 @@ class PrometheusSettings(_Model):
         while pos < len(value) and value[pos:].strip():
             m = term.match(value, pos)
             if m is None:
-                raise ValueError(f'prometheus.gpuSeriesSelector: {value[pos:].strip()[:60]!r} does not start with '
-                                 'label="value", label=~"regex" or label!="value"')
+                raise ValueError(f'prometheus.gpuSeriesSelector: {value[pos:].strip()[:60]!r} does not start '
+                                 'with label="value", label=~"regex" or label!="value" (inside the quotes, '
+                                 'the only escapes are \\\\ and \\")')
             name, op, quoted = m.groups()
             if name.startswith("__"):
-                raise ValueError(f"prometheus.gpuSeriesSelector: label {name!r}: labels starting with __ cannot be matched")
+                raise ValueError(f"prometheus.gpuSeriesSelector: label {name!r}: labels starting with __ "
+                                 "cannot be matched")
             if op == "=~":
                 try:
                     re.compile(re.sub(r'\\([\\"])', r"\1", quoted))
@@ -453,6 +461,36 @@ def _refuse_inline_secrets(raw: object, source: str) -> None:
                     f"ConfigMap); put the value in the Secret kf-culler-notifications and set {instead}")
 
 
+# Every URL-valued key, and where its credential belongs instead: a URL's user name or password would be
+# echoed wherever the URL is (errors, logs, `explain`), so `user:pass@` is refused in all of them.
+_URL_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("prometheus", "url", "prometheus.bearerTokenFile (a mounted Secret)"),
+    ("urls", "jupyter", "a Secret file"), ("urls", "codeServer", "a Secret file"),
+    ("dcgm", "endpoints", "a Secret file"), ("notifications", "dashboardUrl", "a Secret file"),
+)
+
+
+def _has_userinfo(url: str) -> bool:
+    """Whether the URL's authority (after `scheme://`, before the path) holds `user[:password]@`."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    for end in "/?#\\":
+        rest = rest.split(end, 1)[0]
+    return "@" in rest
+
+
+def _refuse_userinfo(data: dict[Any, Any], source: str) -> None:
+    for section, key, instead in _URL_KEYS:
+        raw = data.get(section)
+        value = raw.get(key) if isinstance(raw, dict) else None
+        urls = [(f"{section}.{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [
+            (f"{section}.{key}", value)]
+        for where, url in urls:
+            if isinstance(url, str) and _has_userinfo(url):
+                raise ConfigError(f"{source}: key '{where}': a URL with a user name or password (user:pass@host) "
+                                  f"is refused, it would be shown wherever the URL is; put the credential in "
+                                  f"{instead} instead")
+
+
 def load_mapping(data: object, source: str) -> Settings:
     """Validate a decoded mapping (from a file or a scenario's `config`)."""
     if data is None:
@@ -464,6 +502,7 @@ def load_mapping(data: object, source: str) -> Settings:
         raise ConfigError(f"{source}: unknown key '{unknown[0]}'" + (
             f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
     _refuse_inline_secrets(data.get("notifications"), source)
+    _refuse_userinfo(data, source)
     base_raw = {k: v for k, v in data.items() if k in _POLICY_KEYS}
     try:
         policy = Policy.model_validate(base_raw)

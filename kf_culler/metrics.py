@@ -52,6 +52,9 @@ class Metrics:
         self.orphaned = Gauge("kf_culler_orphaned_gpu_pods", "Pods named like a notebook's pod, holding a GPU, "
                               "that the notebook's ownership chain does not reach (docs/observability.md)",
                               ["namespace"], registry=r)
+        self.contested = Gauge("kf_culler_gpu_contested_pods", "Pods whose GPU series contradict each other (a "
+                               "series not from dcgm-exporter claims their GPU): their GPU reads no-signal",
+                               registry=r)
         self.leader = Gauge("kf_culler_leader", "1 while this replica holds the lease", registry=r)
         self.long_stopped = Gauge("kf_culler_long_stopped_notebooks", "Notebooks stopped longer than "
                                   "longStoppedDays, by whether they request a GPU", ["gpu"], registry=r)

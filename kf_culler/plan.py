@@ -29,6 +29,7 @@ from kf_culler.timeutil import format_time, parse_time
 EVENT_STOP = "IdleNotebookStopped"
 EVENT_WARN = "IdleNotebookWarning"
 EVENT_RESTART = "NotebookRestarted"
+EVENT_CONTESTED = "GpuSeriesContested"  # two GPU series claim one pod's GPU with different values
 EVENT_ORPHAN = "GpuPodOrphaned"  # a GPU pod the notebook's ownership chain does not reach (kf_culler/runner.py)
 
 

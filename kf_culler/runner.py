@@ -20,7 +20,7 @@ from kf_culler.kube.pairing import Orphan
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer
 from kf_culler.memory import settle as settle_memory
-from kf_culler.plan import EVENT_ORPHAN, EventSpec
+from kf_culler.plan import EVENT_CONTESTED, EVENT_ORPHAN, EventSpec
 from kf_culler.sources.bulk import BulkSource
 
 log = logging.getLogger("kf_culler")
@@ -108,6 +108,9 @@ class Runner:
     # GPU pods that no notebook's ownership chain reaches (kf_culler/kube/pairing.py), after the last pass.
     gpu_orphans: list[Orphan] = field(default_factory=list)
     _orphans_told: set[str] = field(default_factory=set)
+    # Pods whose GPU series contradict each other (a forged series), after the last pass: (namespace, pod, what).
+    gpu_contested: list[tuple[str, str, str]] = field(default_factory=list)
+    _contested_told: set[tuple[str, str, str]] = field(default_factory=set)
     _event_writer: Writer | None = None
 
     def build_cycle(self) -> Cycle:
@@ -168,6 +171,7 @@ class Runner:
         result = cycle.run(snapshot)
         self._keep_records(snapshot)
         self._report_orphans(snapshot, result.now)
+        self._report_contested(snapshot, result.now)
         if self.policies is None:
             self.policies = PolicyKeeper.for_settings(self.settings, self.api, self.dry_run)
         self.policies.after_pass(snapshot, self.may_write, self.owns or (lambda _ns: True))
@@ -216,6 +220,31 @@ class Runner:
                 if self._event_writer is None:
                     self._event_writer = Writer(self.api)
                 self._event_writer.event(nb, EventSpec("Warning", EVENT_ORPHAN, message), now)
+
+    def _report_contested(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime) -> None:
+        """GPU series that contradict each other for one pod (kf_culler/sources/gpu.py: someone publishes a
+        forged series): that pod's GPU is no-signal for the decision; the admin is told once per pod and
+        claim, in a log line and a Warning Event on the notebook naming both series' job and instance."""
+        from kf_culler.sources.gpu import PrometheusGpu
+
+        gpu = self._sources[0] if self._sources is not None else None
+        self.gpu_contested = list(gpu.contested) if isinstance(gpu, PrometheusGpu) else []
+        notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
+                     for nb, _ in snapshot}
+        writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
+        for ns, pod, what in self.gpu_contested:
+            if (ns, pod, what) in self._contested_told or not (self.owns is None or self.owns(ns)):
+                continue
+            self._contested_told.add((ns, pod, what))
+            message = (f"GPU metrics for this notebook's pod {pod} contradict each other: {what}. Its GPU is "
+                       "treated as unreadable (it is not stopped on that evidence); an administrator should find "
+                       "the series that does not come from dcgm-exporter.")
+            log.warning("%s/%s: %s", ns, pod, message)
+            nb = notebooks.get((ns, pod[:-2] if pod.endswith("-0") else pod))
+            if writes and nb is not None:
+                if self._event_writer is None:
+                    self._event_writer = Writer(self.api)
+                self._event_writer.event(nb, EventSpec("Warning", EVENT_CONTESTED, message[:1000]), now)
 
     def loop(self, max_cycles: int | None = None) -> None:
         period = self.settings.operations.check_period_seconds

@@ -71,6 +71,7 @@ def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None =
             for o in runner.gpu_orphans:
                 by_ns[o.namespace] = by_ns.get(o.namespace, 0) + 1
             metrics.observe_orphans(by_ns)
+            metrics.contested.set(len(runner.gpu_contested))
 
             def ours(nb: dict[str, Any]) -> bool:  # the culler's own record says it stopped the notebook
                 found = records.get(str((nb.get("metadata") or {}).get("uid"))) if records is not None else None

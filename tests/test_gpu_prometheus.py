@@ -42,7 +42,7 @@ from kf_culler.local.prometheus import (
     json_reply,
     static_job,
 )
-from kf_culler.sources.gpu import PrometheusGpu
+from kf_culler.sources.gpu import PrometheusGpu, Split
 
 HONOR = "dcgm-honor"
 EXPORTED = "dcgm-exported"
@@ -276,9 +276,9 @@ class Recording(PrometheusGpu):
         self.ranges: list[tuple[float, float]] = []
         real = self.client.query_range
 
-        def query_range(expr: str, start: datetime, end: datetime, step: float) -> Any:
+        def query_range(expr: str, start: datetime, end: datetime, step: float, *rest: Any) -> Any:
             self.ranges.append((start.timestamp(), end.timestamp()))
-            return real(expr, start, end, step)
+            return real(expr, start, end, step, *rest)
 
         self.client.query_range = query_range  # type: ignore[method-assign]
 
@@ -315,12 +315,13 @@ def test_points_past_the_look_back_are_dropped() -> None:
     calls: list[float] = []
     t0 = 1_800_000_000.0
 
-    def fetch(a: float, b: float) -> tuple[dict[Any, Any], set[str]]:
+    def fetch(a: float, b: float, wanted: set[str]) -> tuple[Split, set[str], None]:
         calls.append(a)
         series = {"DCGM_FI_DEV_GPU_UTIL": {t: 0.0 for t in range(int(a), int(b) + 1, 60)},
                   "DCGM_FI_DEV_FB_USED": {t: 0.0 for t in range(int(a), int(b) + 1, 60)}}
-        pods = {SINGLE: {("n", "GPU-0", ""): series}} if a < t0 + 120 else {}
-        return pods, {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"}
+        got = Split()
+        got.pods = {SINGLE: {("n", "GPU-0", ""): series}} if a < t0 + 120 else {}
+        return got, {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"}, None
 
     src._fetch = fetch  # type: ignore[method-assign]
     at = datetime.fromtimestamp(t0 + 60, tz=UTC)

@@ -229,6 +229,27 @@ def dcgm_exposition(gpus: Iterable[FakeGpu]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def flood_exposition(namespace: str, gpus: int, prefix: str = "flood", hostname: str = "flood-node") -> str:
+    """dcgm-exporter-shaped text claiming `gpus` idle GPUs in `namespace`, one pod `<prefix>-NNNNN-0` each:
+    two series per GPU (utilisation and memory used, the two a GPU source must read), short labels, so
+    a stand-in exporter can serve tens of thousands of series to a real Prometheus (series-flood tests)."""
+    lines: list[str] = []
+    for name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"):
+        kind, text = DCGM_HELP[name]
+        lines.append(f"# HELP {name} {text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f'{name}{{gpu="0",UUID="GPU-{prefix}-{i:05d}",Hostname="{hostname}",'
+                     f'namespace="{namespace}",pod="{prefix}-{i:05d}-0"}} 0' for i in range(gpus))
+    return "\n".join(lines) + "\n"
+
+
+def labelled_exposition(metric: str, labels: dict[str, str], value: float) -> str:
+    """One sample line with exactly these labels (no HELP/TYPE): a hand-made series, e.g. one whose
+    pod labels are ambiguous, to append to a `dcgm_exposition`."""
+    pairs = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return f"{metric}{{{pairs}}} {value:g}\n"
+
+
 # -- Prometheus itself ---------------------------------------------------------------------------
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
