@@ -7,6 +7,12 @@ The client is small on purpose: HTTP/1.1 GETs over asyncio connections, answers 
 most of a 10,000-notebook pass (docs/performance.md); this one asks for what the probes need: one
 GET at a time per connection, keep-alive within a pass, `Connection: close` when a probe asks for it,
 no redirects, no cookies, no compression, no proxies.
+
+A notebook server is run by its user, so everything it sends is bounded before it costs memory or
+event-loop time: the status line and headers (`probe.maxHeaderBytes`, at most MAX_HEADER_LINES lines),
+the body (`probe.maxResponseBytes`), all the bytes of one answer on the wire (framing included), and the
+shape of the JSON (`probe.maxJsonDepth`, `probe.maxJsonValues`), checked on the raw bytes before
+`json.loads` builds anything (`json_shape_error`). See docs/faults.md.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from kf_culler.errors import Permanent, Transient
 
 # The body of the 403 an Istio sidecar sends when an AuthorizationPolicy refuses the request (RBAC filter).
 ISTIO_DENIED_BODY = b"RBAC: access denied"
+# Real headers: Jupyter (tornado) about 850 bytes in 10 lines, code-server about 200 bytes in 7.
+MAX_HEADER_LINES = 100
 ISTIO_DENIED = ("HTTP 403 from the Istio sidecar (RBAC: access denied): kf-culler is not allowed to probe this "
                 "namespace; apply kustomize/overlays/kubeflow/profile-namespace or turn on "
                 "istio.manageAuthorizationPolicies")
@@ -53,8 +61,11 @@ class Answer:
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection to a notebook server, one GET at a time."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, head_limit: int = 64 << 10) -> None:
         self.limit = limit
+        self.head_limit = head_limit
+        # Every byte of one answer: headers, body and chunked framing (many tiny chunks, trailers).
+        self.wire_limit = head_limit + 2 * limit
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[Answer] | None = None
@@ -64,6 +75,8 @@ class _Connection(asyncio.Protocol):
     def _reset(self) -> None:
         self.chunks: list[bytes] = []
         self.size = 0
+        self.wire = 0  # bytes of the current answer fed to the parser
+        self.header_lines = 0
         self.received = False  # any byte of the current answer
         self.headers_done = False
         self.framed = False  # Content-Length or chunked: the answer does not end with the connection
@@ -73,11 +86,33 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
 
     def data_received(self, data: bytes) -> None:
+        # `data` is one read of the transport (at most 256 KiB with uvloop). The parser gets at most
+        # the header cap before the headers must be complete: httptools keeps an unfinished header
+        # line in a buffer of its own, so an endless header would otherwise grow it without end.
+        if self.closed:
+            return
         self.received = True
         try:
-            self.parser.feed_data(data)
+            if not self.headers_done:
+                room = self.head_limit - self.wire
+                if len(data) > room:
+                    self._feed(data[:room])
+                    if self.closed:
+                        return
+                    if not self.headers_done:
+                        self._fail(Permanent(f"response headers over {_kib(self.head_limit)}"))
+                        return
+                    data = data[room:]
+            if self.wire + len(data) > self.wire_limit:
+                self._fail(Permanent(f"response over {self.wire_limit} bytes on the wire (framing included)"))
+                return
+            self._feed(data)
         except httptools.HttpParserError as err:
             self._fail(Permanent(f"not an HTTP answer: {err}"[:300]))
+
+    def _feed(self, data: bytes) -> None:
+        self.wire += len(data)
+        self.parser.feed_data(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -87,9 +122,17 @@ class _Connection(asyncio.Protocol):
             self._fail(_Stale(f"connection closed before an answer{f': {exc}' if exc else ''}"[:300]))
         else:
             self._fail(Transient(f"connection closed in the middle of the answer{f': {exc}' if exc else ''}"[:300]))
+        # The parser and this protocol refer to each other, so they wait for the cycle collector: drop
+        # what the parser buffered (up to the header cap) and what was read now.
+        self.parser = httptools.HttpResponseParser(self)
+        self.chunks = []
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_lines += 1  # trailers of a chunked body count too
+        if self.header_lines > MAX_HEADER_LINES:
+            self._fail(Permanent(f"response headers over {MAX_HEADER_LINES} lines"))
+            return
         key = name.lower()
         if key == b"content-length":
             self.framed = True
@@ -106,6 +149,8 @@ class _Connection(asyncio.Protocol):
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        if self.closed:
+            return
         self.size += len(body)
         if self.size > self.limit:
             self._fail(Permanent(f"response exceeds the {self.limit}-byte cap"))
@@ -118,11 +163,13 @@ class _Connection(asyncio.Protocol):
     def _finish(self, keep_alive: bool) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(Answer(self.parser.get_status_code(), b"".join(self.chunks), keep_alive))
+            self.chunks = []
 
     def _fail(self, err: Exception) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(err)
         self.abort()
+        self.chunks = []  # what was read of the refused answer is released now, not with the connection
 
     def abort(self) -> None:
         self.closed = True
@@ -134,7 +181,10 @@ class _Connection(asyncio.Protocol):
         self._reset()
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(request)
-        return await self.waiter
+        try:
+            return await self.waiter
+        finally:
+            self.waiter = None  # the answer is the caller's alone: a closed connection does not keep it
 
 
 class _Stale(Transient):
@@ -212,9 +262,12 @@ class Fetcher:
             raise Permanent(ISTIO_DENIED)
         if answer.status != 200:
             raise Permanent(f"HTTP {answer.status}")
+        shape = json_shape_error(answer.body, self.settings.max_json_depth, self.settings.max_json_values)
+        if shape is not None:
+            raise Permanent(shape)
         try:
             return json.loads(answer.body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise Permanent("the answer is not JSON") from None
 
     async def _exchange(self, target: Target, request: bytes, close: bool) -> Answer:
@@ -268,13 +321,13 @@ class Fetcher:
     async def _connect(self, target: Target) -> _Connection:
         scheme, host, port = target
         loop = asyncio.get_running_loop()
-        limit = self.settings.max_response_bytes
+        limit, head_limit = self.settings.max_response_bytes, self.settings.max_header_bytes
         tls = None
         if scheme == "https":
             tls = self._tls = self._tls or ssl.create_default_context()
         try:
             async with asyncio.timeout(self.settings.connect_timeout_seconds):
-                _, conn = await loop.create_connection(lambda: _Connection(limit), host, port, ssl=tls,
+                _, conn = await loop.create_connection(lambda: _Connection(limit, head_limit), host, port, ssl=tls,
                                                        server_hostname=host if tls else None)
         except TimeoutError:
             raise Transient(f"cannot connect to {host}:{port}: no answer within "
@@ -300,3 +353,42 @@ def _request(url: str, headers: dict[str, str] | None) -> tuple[Target, bytes, b
         lines.append(f"{k}: {v}")
         close = close or (k.lower() == "connection" and v.lower() == "close")
     return (parts.scheme, parts.hostname, port), ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), close
+
+
+def _kib(n: int) -> str:
+    return f"{n >> 10} KiB" if n % 1024 == 0 else f"{n} bytes"
+
+
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_shape_error(body: bytes, max_depth: int, max_values: int) -> str | None:
+    """Why `body` is refused before decoding: nested deeper than max_depth, or more than max_values
+    values; None when it may be decoded (or is not JSON at all, which `json.loads` then says).
+
+    Values are counted on the raw bytes as `{`, `[` and `,` outside strings, plus one (each container
+    and each member of one), and the strings separately (the quotes, halved); the depth is found by
+    deleting innermost `[]`/`{}` pairs, one nesting level a round. Everything is bytes methods in C,
+    no Python loop per byte: about 15 ms for the worst 1 MiB measured (docs/faults.md), as much as
+    `json.loads` of a real answer that size, and nothing the size of the decoded structure is built.
+    """
+    raw = body
+    if b"\\" in raw:  # drop escapes first: then every `"` left opens or closes a string
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    quotes = raw.count(b'"')
+    if quotes // 2 > max_values:
+        return f"the JSON answer has over {max_values} values (strings)"
+    bare = b"".join(raw.split(b'"')[::2]) if quotes else raw  # the bytes outside strings
+    values = bare.count(b",") + bare.count(b"[") + bare.count(b"{") + 1
+    if values > max_values:
+        return f"the JSON answer has over {max_values} values"
+    brackets = bare.translate(_BRACKETS, _NOT_BRACKETS)  # only the brackets, every one as `[` or `]`
+    for _ in range(max_depth):
+        if not brackets:
+            return None
+        inner = brackets.replace(b"[]", b"")  # every innermost container goes: one level less
+        if len(inner) == len(brackets):
+            return None  # unbalanced: not JSON, and json.loads says so
+        brackets = inner
+    return f"the JSON answer nests deeper than {max_depth}" if brackets else None

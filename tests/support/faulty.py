@@ -18,6 +18,16 @@ Behaviours:
   huge         200 with Content-Length: 50 MB, then streams it
   hugechunked  200 with a chunked 50 MB body and no Content-Length
   slow         200 with the valid body for the path, one byte every `slow_delay` seconds
+
+Hostile servers (a notebook's user runs its server), for tests/test_hostile_endpoints.py:
+  endlesshead  a status line, then header lines of 1 KiB, forever (as fast as the client reads)
+  longline     a status line, then one header line that never ends
+  slowhead     a status line, then a 64-byte header line every `slow_delay` seconds, forever
+  manyheaders  1,000 short header lines (about 10 KB), then the valid body
+  flat         api/status valid; every other path 200 with 1 MiB (just under the default cap) of
+               `[{},{},...]`, as Content-Length
+  deep         api/status valid; every other path 200 with a JSON list nested 25 deep
+  many         the valid body, except api/kernels: 2,000 valid idle kernels (about 330 KB)
 """
 
 from __future__ import annotations
@@ -39,6 +49,10 @@ from kf_culler.local.procs import free_port
 
 HUGE_BYTES = 50 * 1000 * 1000
 CHUNK = b"0," * 32768  # 64 KiB, reused: the server itself never holds the huge body
+FLAT_BODY = b"[" + b"{}," * ((1 << 20) // 3 - 2) + b"{}]"  # 1 MiB less one byte of `[{},{},...]`
+DEEP_BODY = b"[" * 25 + b"]" * 25
+HEADER_LINE = b"X-Padding: " + b"a" * 51 + b"\r\n"  # 64 bytes
+LONG_HEADER_LINE = b"X-Padding: " + b"a" * 1011 + b"\r\n"  # 1 KiB
 
 
 @dataclass
@@ -178,6 +192,25 @@ class FaultyServer:
         if behaviour in ("huge", "hugechunked"):
             await self._huge(writer, behaviour, chunked=behaviour == "hugechunked")
             return
+        if behaviour in ("endlesshead", "longline", "slowhead"):
+            await self._endless_head(writer, behaviour)
+            return
+        if behaviour == "manyheaders":
+            body = self.valid_body(parts.path)
+            head = self._head(200, len(body))
+            writer.write(head[:-2] + b"X-Many: y\r\n" * 1000 + b"\r\n" + body)
+            await writer.drain()
+            self._sent(behaviour, len(body))
+            return
+        if behaviour in ("flat", "deep") and not parts.path.endswith("/api/status"):
+            await self._respond(writer, behaviour, 200, FLAT_BODY if behaviour == "flat" else DEEP_BODY)
+            return
+        if behaviour == "many" and parts.path.endswith("/api/kernels"):
+            stamp = self.idle_since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            kernels = [{"id": f"{i:08d}-81da-4321-af31-7a772f5139b0", "name": "python3", "last_activity": stamp,
+                        "execution_state": "idle", "connections": 0} for i in range(2000)]
+            await self._respond(writer, behaviour, 200, json.dumps(kernels).encode())
+            return
         body = self.valid_body(parts.path)
         if behaviour == "slow":
             writer.write(self._head(200, len(body)))
@@ -209,6 +242,26 @@ class FaultyServer:
         writer.write(self._head(status, len(body), content_type=content_type) + body)
         await writer.drain()
         self._sent(behaviour, len(body))
+
+    async def _endless_head(self, writer: asyncio.StreamWriter, behaviour: str) -> None:
+        """A status line, then header bytes that never end, until the client hangs up (or 120 s)."""
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # a small send buffer: what was pushed is close to what the client took
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+        if behaviour == "longline":
+            writer.write(b"X-Long: ")
+        piece = b"a" * 65536 if behaviour == "longline" else LONG_HEADER_LINE * 64
+        started = time.monotonic()
+        while time.monotonic() - started < 120:
+            if behaviour == "slowhead":
+                await asyncio.sleep(self.slow_delay)
+                writer.write(HEADER_LINE)
+                self._sent(behaviour, len(HEADER_LINE))
+            else:
+                writer.write(piece)
+                self._sent(behaviour, len(piece))
+            await writer.drain()  # raises once the client has closed the connection
 
     async def _huge(self, writer: asyncio.StreamWriter, behaviour: str, chunked: bool) -> None:
         sock = writer.get_extra_info("socket")
