@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from need import missing
+from test_gpu_prometheus import latest, now
+from test_gpu_prometheus import source as gpu_source
 
 from kf_culler.config import ConfigError, PrometheusSettings, load_mapping
 from kf_culler.local.prometheus import (
@@ -105,18 +106,7 @@ def cluster(prometheus_binary: str) -> Iterator[Cluster]:
 
 
 def source(url: str, **kw: Any) -> PrometheusGpu:
-    return PrometheusGpu(PrometheusSettings.model_validate(
-        {"url": url, "lookbackMinutes": 1, "stepSeconds": 1, "timeoutSeconds": 20, **kw}))
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
-def latest(answer: dict[str, Any]) -> tuple[float, float]:
-    assert "samples" in answer, answer
-    s = answer["samples"][-1]
-    return s["utilPercent"], s["memoryUsedMiB"]
+    return gpu_source(url, **{"timeoutSeconds": 20, **kw})  # a flood answer takes longer to read
 
 
 def test_the_forged_series_is_in_prometheus(cluster: Cluster) -> None:

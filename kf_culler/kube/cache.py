@@ -42,6 +42,20 @@ def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _slim_containers(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """A pod spec's containers and init containers, each with only what the culler reads (a GPU request, an
+    init container's restartPolicy: rule 17)."""
+    def some(key: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+        found = pod_spec.get(key)
+        return [{k: c[k] for k in keys if k in c} for c in (found if isinstance(found, list) else [])
+                if isinstance(c, dict)]
+
+    out: dict[str, Any] = {"containers": some("containers", CONTAINER_KEYS)}
+    if isinstance(pod_spec.get("initContainers"), list):
+        out["initContainers"] = some("initContainers", INIT_CONTAINER_KEYS)
+    return out
+
+
 def _controller_ref(meta: dict[str, Any]) -> list[dict[str, Any]]:
     """The controller ownerReference alone (pairing reads nothing else of the owners)."""
     refs = meta.get("ownerReferences")
@@ -64,15 +78,7 @@ def _slim_pod(obj: dict[str, Any]) -> dict[str, Any] | None:
     meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
     if not _kept_pod(meta):
         return None
-
-    def some(key: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-        found = spec.get(key)
-        return [{k: c[k] for k in keys if k in c} for c in (found if isinstance(found, list) else [])
-                if isinstance(c, dict)]
-
-    pod_spec: dict[str, Any] = {"containers": some("containers", CONTAINER_KEYS)}
-    if isinstance(spec.get("initContainers"), list):
-        pod_spec["initContainers"] = some("initContainers", INIT_CONTAINER_KEYS)
+    pod_spec = _slim_containers(spec)
     if "nodeName" in spec:
         pod_spec["nodeName"] = spec["nodeName"]
     slim_meta = {k: meta[k] for k in POD_META if k in meta}
@@ -111,15 +117,7 @@ def _slim_notebook(obj: dict[str, Any]) -> dict[str, Any]:
     meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
     template = _dict(spec.get("template"))
     pod_spec = _dict(template.get("spec"))
-
-    def some(key: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-        found = pod_spec.get(key)
-        return [{k: c[k] for k in keys if k in c} for c in (found if isinstance(found, list) else [])
-                if isinstance(c, dict)]
-
-    slim_spec: dict[str, Any] = {"containers": some("containers", CONTAINER_KEYS)}
-    if isinstance(pod_spec.get("initContainers"), list):
-        slim_spec["initContainers"] = some("initContainers", INIT_CONTAINER_KEYS)
+    slim_spec = _slim_containers(pod_spec)
     affinity = _dict(pod_spec.get("affinity"))
     if "nodeAffinity" in affinity:
         slim_spec["affinity"] = {"nodeAffinity": affinity["nodeAffinity"]}
