@@ -58,10 +58,6 @@ def table(result: CycleResult, wide: bool = False) -> str:
                      for row in lines)
 
 
-def _shorten(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
 def _type(server_type: str) -> str:
     """The server type's name; an unknown one (a user's annotation) cut and made visible."""
     return TYPE_NAMES.get(server_type) or clean(server_type, VALUE)

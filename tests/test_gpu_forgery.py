@@ -26,8 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from need import missing
-from test_gpu_prometheus import latest, now
+from test_gpu_prometheus import latest, now, prometheus_binary  # noqa: F401 (a fixture)
 from test_gpu_prometheus import source as gpu_source
 
 from kf_culler.config import ConfigError, PrometheusSettings, load_mapping
@@ -35,9 +34,7 @@ from kf_culler.local.prometheus import (
     Exposition,
     FakeGpu,
     Prometheus,
-    Unavailable,
     dcgm_exposition,
-    find_prometheus,
     flood_exposition,
     labelled_exposition,
     static_job,
@@ -52,14 +49,6 @@ REAL_JOB = "nvidia-dcgm-exporter"
 HOSTILE_JOB = "kubernetes-pods"
 FLOOD_JOB = "flood-pods"
 FLOOD_GPUS = 15_000  # x 2 metrics = 30,000 series
-
-
-@pytest.fixture(scope="module")
-def prometheus_binary() -> str:
-    try:
-        return find_prometheus()
-    except Unavailable as why:
-        missing("Prometheus", why)
 
 
 def victim_gpu(util: float, mem: float) -> FakeGpu:
@@ -79,7 +68,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(prometheus_binary: str) -> Iterator[Cluster]:
+def cluster(prometheus_binary: str) -> Iterator[Cluster]:  # noqa: F811 (the imported fixture)
     bystander = FakeGpu(1, "GPU-bystander", util=70, used_mib=8000, namespace=BYSTANDER[0], pod=BYSTANDER[1],
                         container="bystander", hostname="gpu-node-7")
     ambiguous = labelled_exposition("DCGM_FI_DEV_GPU_UTIL", {
