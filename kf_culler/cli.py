@@ -166,7 +166,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     runner.install_signal_handlers()
     return serve(runner, Options(
-        once=args.once, metrics_address=args.metrics_address, leader_elect=args.leader_elect,
+        once=args.once, metrics_address=args.metrics_address, api_address=args.api_address,
+        leader_elect=args.leader_elect,
         lease_namespace=args.lease_namespace or args.culler_namespace, lease_name=args.lease_name, record=args.record,
         record_hash_key=args.record_hash_key, json_logs=not args.text_logs))
 
@@ -288,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="run one pass and exit")
     p.add_argument("--metrics-address", metavar="HOST:PORT",
                    help="serve /metrics, /healthz and /readyz here (e.g. 0.0.0.0:9090)")
+    p.add_argument("--api-address", metavar="HOST:PORT",
+                   help="serve the read-only verdict API /api/v1/ here (e.g. 0.0.0.0:9091; docs/verdict-api.md)")
     p.add_argument("--leader-elect", action="store_true",
                    help="hold a coordination.k8s.io Lease; only the holder writes")
     p.add_argument("--lease-namespace", default=None, help="namespace of the Lease (default: POD_NAMESPACE)")

@@ -1,4 +1,4 @@
-"""Prometheus metrics and the /metrics, /healthz, /readyz endpoints."""
+"""Prometheus metrics, the /metrics, /healthz, /readyz endpoints, and the bounded server of the verdict API."""
 
 from __future__ import annotations
 
@@ -152,6 +152,8 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     by its CONNECTION_TIMEOUT_SECONDS per read and CONNECTION_DEADLINE_SECONDS in all, and leaves the slots
     of other addresses (the kubelet's liveness probe, Prometheus) free."""
 
+    request_queue_size = 128  # the listen backlog: a burst of connects is refused by us, not dropped as SYNs
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
@@ -203,77 +205,52 @@ def _cut(sock: Any) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-class HealthServer:
-    """Serves /metrics, /healthz (the process answers), /readyz (caches synced, last pass recent) and, with
-    `api`, the read-only verdict API under /api/ (docs/verdict-api.md). Methods other than GET/HEAD: 405."""
+Answer = tuple[int, bytes, str, dict[str, str]]  # status, body, Content-Type, extra headers
+TEXT = "text/plain; charset=utf-8"
 
-    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], tuple[bool, str]],
-                 api: Any = None) -> None:
-        """`api`: a kf_culler.verdict_api.VerdictApi that answers every path under /api/ (or None: 404)."""
+
+class BoundedServer:
+    """A read-only HTTP server on a BoundedHTTPServer: `answer(method, target, headers)` gives each GET or
+    HEAD its response; every other method gets 405."""
+
+    def __init__(self, address: str, answer: Callable[[str, str, Any], Answer], name: str) -> None:
         host, _, port = address.rpartition(":")
-        outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            _head = False
             timeout = CONNECTION_TIMEOUT_SECONDS  # a connection that sends nothing is closed after this
 
             def do_HEAD(self) -> None:
-                self._head = True
-                try:
-                    self.do_GET()
-                finally:
-                    self._head = False
+                self._answer("HEAD")
+
+            def do_GET(self) -> None:
+                self._answer("GET")
 
             def _refuse(self) -> None:  # read-only: every other method
-                self.send_response(405)
-                self.send_header("Allow", "GET, HEAD")
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                body = b"method not allowed: read-only\n"
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(body)
+                self._send(405, b"method not allowed: read-only\n", TEXT, {"Allow": "GET, HEAD", "Connection": "close"})
                 self.close_connection = True
 
             do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _refuse
 
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path.startswith("/api/") and outer.api is not None:
-                    method = "HEAD" if getattr(self, "_head", False) else "GET"
-                    r = outer.api.handle(method, self.path, self.headers)
-                    self._send(r.code, r.body, r.content_type, r.headers)
-                elif path == "/metrics":
-                    self._send(200, outer.metrics.render(), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    self._send(200, b"ok\n")
-                elif path == "/readyz":
-                    ok, why = outer.ready()
-                    self._send(200 if ok else 503, "".join(line + "\n" for line in (why, *outer.notes)).encode())
-                else:
-                    self._send(404, b"not found\n")
+            def _answer(self, method: str) -> None:
+                code, body, ctype, headers = answer(method, self.path, self.headers)
+                self._send(code, body, ctype, headers, head=method == "HEAD")
 
-            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
-                      headers: dict[str, str] | None = None) -> None:
+            def _send(self, code: int, body: bytes, ctype: str, headers: dict[str, str], head: bool = False) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
-                for k, v in (headers or {}).items():
+                for k, v in headers.items():
                     self.send_header(k, v)
                 self.end_headers()
-                if not getattr(self, "_head", False):
+                if not head:
                     self.wfile.write(body)
 
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.metrics = metrics
-        self.ready = ready
-        self.api = api
-        self.notes: list[str] = []  # lines /readyz adds to its answer (e.g. "warning: no GPU metrics source ...")
         self.server = BoundedHTTPServer((host or "127.0.0.1", int(port)), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="health", daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, name=name, daemon=True)
 
     @property
     def port(self) -> int:
@@ -285,3 +262,41 @@ class HealthServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class HealthServer(BoundedServer):
+    """Serves /metrics, /healthz (the process answers) and /readyz (caches synced, last pass recent): the
+    port the kubelet and Prometheus reach. The verdict API has a port of its own (ApiServer)."""
+
+    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> None:
+        self.metrics = metrics
+        self.ready = ready
+        self.notes: list[str] = []  # lines /readyz adds to its answer (e.g. "warning: no GPU metrics source ...")
+        super().__init__(address, self._answer, "health")
+
+    def _answer(self, method: str, target: str, headers: Any) -> Answer:
+        path = target.split("?", 1)[0]
+        if path == "/metrics":
+            return 200, self.metrics.render(), CONTENT_TYPE_LATEST, {}
+        if path == "/healthz":
+            return 200, b"ok\n", TEXT, {}
+        if path == "/readyz":
+            ok, why = self.ready()
+            return 200 if ok else 503, "".join(line + "\n" for line in (why, *self.notes)).encode(), TEXT, {}
+        return 404, b"not found\n", TEXT, {}
+
+
+class ApiServer(BoundedServer):
+    """Serves the read-only verdict API under /api/ (docs/verdict-api.md), on a port apart from the health
+    and metrics port: every notebook pod may reach this one, only the kubelet and Prometheus the other."""
+
+    def __init__(self, address: str, api: Any) -> None:
+        """`api`: a kf_culler.verdict_api.VerdictApi."""
+        self.api = api
+        super().__init__(address, self._answer, "verdict-api")
+
+    def _answer(self, method: str, target: str, headers: Any) -> Answer:
+        if not target.split("?", 1)[0].startswith("/api/"):
+            return 404, b"not found\n", TEXT, {}
+        r = self.api.handle(method, target, headers)
+        return r.code, r.body, r.content_type, r.headers

@@ -12,7 +12,7 @@ from typing import Any
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube.lease import LeaderElector, ShardManager
 from kf_culler.kube.tokens import TokenReviewer
-from kf_culler.metrics import HealthServer, Metrics
+from kf_culler.metrics import ApiServer, HealthServer, Metrics
 from kf_culler.rule_check import loosening_rule_warnings
 from kf_culler.runner import Runner, gpu_history_warning
 from kf_culler.stopped import long_stopped_in
@@ -27,6 +27,7 @@ log = logging.getLogger("kf_culler")
 class Options:
     once: bool = False
     metrics_address: str | None = None
+    api_address: str | None = None
     leader_elect: bool = False
     lease_namespace: str | None = None
     lease_name: str = "kf-culler"
@@ -143,19 +144,23 @@ def serve(runner: Runner, opts: Options) -> int:
         log.warning("shards: %d needs --leader-elect; without it this process probes and writes every shard",
                     runner.settings.operations.shards)
 
-    store = VerdictStore() if opts.metrics_address else None
+    store = VerdictStore() if opts.api_address else None
     instrument(runner, metrics, elector, store)
     if not (runner.dry_run or runner.settings.operations.dry_run):  # notices of warnings and stops
         from kf_culler.notify.notifier import Notifier
 
         runner.notifier = Notifier.for_settings(runner.settings, runner.api, metrics)
-    server = None
-    if opts.metrics_address and store is not None:
-        api = VerdictApi(store, TokenReviewer(runner.api))
-        server = HealthServer(opts.metrics_address, metrics, lambda: readiness(runner, shards), api)
-        server.notes = [f"warning: {gpu_warning}"] if gpu_warning else []
+    servers: list[HealthServer | ApiServer] = []
+    if opts.metrics_address:
+        health = HealthServer(opts.metrics_address, metrics, lambda: readiness(runner, shards))
+        health.notes = [f"warning: {gpu_warning}"] if gpu_warning else []
+        servers.append(health)
+        log.info("serving /metrics, /healthz and /readyz on %s", opts.metrics_address)
+    if opts.api_address and store is not None:
+        servers.append(ApiServer(opts.api_address, VerdictApi(store, TokenReviewer(runner.api))))
+        log.info("serving the verdict API /api/v1/ on %s", opts.api_address)
+    for server in servers:
         server.start()
-        log.info("serving /metrics, /healthz, /readyz and /api/v1/ on %s", opts.metrics_address)
     try:
         runner.start_cache()
         runner.loop(max_cycles=1 if opts.once else None)
@@ -164,7 +169,7 @@ def serve(runner: Runner, opts: Options) -> int:
             shards.stop()
         if elector is not None:
             elector.stop()
-        if server is not None:
+        for server in servers:
             server.stop()
         if recorder is not None and hasattr(recorder, "close"):
             recorder.close()

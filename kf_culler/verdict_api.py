@@ -1,11 +1,11 @@
-"""The read-only verdict API (docs/verdict-api.md), served next to /metrics on the culler's HTTP port.
+"""The read-only verdict API (docs/verdict-api.md), served on a port of its own (`--api-address`).
 
     GET /api/v1/namespaces/{namespace}/notebooks/{name}   one notebook's latest verdict
     GET /api/v1/namespaces/{namespace}/notebooks          the namespace's, sorted by name, paged
 
-The caller presents a ServiceAccount token (`Authorization: Bearer ...`); a TokenReview names its
-namespace, and only that namespace can be read. Order of checks: method (405), route (404), token (401),
-namespace (403), then the notebook (404). Nothing here writes.
+The caller presents a ServiceAccount token for the audience kf-culler (`Authorization: Bearer ...`); a
+TokenReview names its namespace, and only that namespace can be read. Order of checks: method (405), route
+(404), token (401), namespace (403), then the notebook (404). Nothing here writes.
 """
 
 from __future__ import annotations

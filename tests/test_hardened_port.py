@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -14,7 +15,9 @@ import pytest
 from kf_culler import metrics as metrics_module
 from kf_culler.kube import tokens
 from kf_culler.kube.tokens import ReviewUnavailable, TokenReviewer
-from kf_culler.metrics import HealthServer, Metrics
+from kf_culler.metrics import ApiServer, HealthServer, Metrics
+from kf_culler.verdict_api import VerdictApi
+from kf_culler.verdicts import VerdictStore
 
 
 def test_tokens_that_are_not_jwts_cost_no_token_review() -> None:
@@ -122,3 +125,57 @@ def test_a_trickling_connection_ends_at_its_deadline(monkeypatch: pytest.MonkeyP
     finally:
         s.close()
         server.stop()
+
+
+def test_thousands_of_idle_connections_on_both_ports_leave_liveness_and_metrics_answering(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """2,000 connections that send nothing, from 40 tenant addresses, on the verdict API's port (which every
+    pod may reach), and 400 more from two addresses on the health port (which the NetworkPolicy keeps for
+    the kubelet and Prometheus): the threads they hold stay under the caps, and /healthz, /readyz and
+    /metrics answer all along; once the flood is gone the verdict API's port answers again."""
+    monkeypatch.setattr(metrics_module, "CONNECTION_TIMEOUT_SECONDS", 3.0)
+    health = HealthServer("0.0.0.0:0", Metrics(), lambda: (True, "ready"))
+    verdicts = ApiServer("0.0.0.0:0", VerdictApi(VerdictStore(), TokenReviewer(api_client=None)))
+    before = threading.active_count()
+    health.start()
+    verdicts.start()
+    held: list[socket.socket] = []
+    try:
+        for i in range(2400):
+            s = socket.socket()
+            s.bind((f"127.0.0.{2 + i % 40}" if i < 2000 else f"127.0.0.{100 + i % 2}", 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.1", verdicts.port if i < 2000 else health.port))
+            held.append(s)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (verdicts.server.refused and health.server.refused):
+            time.sleep(0.05)
+        # Each server's thread count is capped (a connection's thread and its deadline timer).
+        assert threading.active_count() - before <= 2 + 2 * 2 * metrics_module.MAX_CONNECTIONS
+        assert verdicts.server.refused > 0 and health.server.refused > 0
+        for who, path in (("127.0.0.1", "/healthz"), ("127.0.0.1", "/readyz"), ("127.0.0.1", "/metrics")):
+            s = socket.create_connection(("127.0.0.1", health.port), timeout=5, source_address=(who, 0))
+            s.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+            assert s.recv(64).startswith(b"HTTP/1.0 200"), path
+            s.close()
+        with pytest.raises(urllib.error.HTTPError) as err:  # the verdict API is not on the health port
+            urllib.request.urlopen(f"http://127.0.0.1:{health.port}/api/v1/namespaces/a/notebooks", timeout=5)
+        assert err.value.code == 404
+        for s in held:
+            s.close()
+        held.clear()
+        deadline = time.monotonic() + 10  # the flood gone, the verdict API's port answers again
+        code = 0
+        while code != 401 and time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{verdicts.port}/api/v1/namespaces/a/notebooks", timeout=5)
+            except urllib.error.HTTPError as refused:
+                code = refused.code
+            except OSError:
+                time.sleep(0.1)
+        assert code == 401  # answered: no token
+    finally:
+        for s in held:
+            s.close()
+        health.stop()
+        verdicts.stop()

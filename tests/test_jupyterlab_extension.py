@@ -1,6 +1,6 @@
 """The JupyterLab extension (extensions/jupyterlab, docs/ide-extension.md) against a real culler.
 
-Everything is real: the culler's verdict API (HealthServer + VerdictApi) filled by dry-run passes of a
+Everything is real: the culler's verdict API (ApiServer + VerdictApi) filled by dry-run passes of a
 Runner on the local API server, run as the culler's own ServiceAccount with the shipped RBAC; a token
 minted for the notebook pod's ServiceAccount (as the kubelet projects it); JupyterLab with the extension
 from the virtualenv `hack/jupyterlab/build.sh` builds, under Kubeflow's base_url and NB_PREFIX; and the
@@ -37,7 +37,7 @@ from kf_culler.cycle import CycleResult
 from kf_culler.kube.tokens import TokenReviewer
 from kf_culler.local import objects as obj
 from kf_culler.local.router import Router
-from kf_culler.metrics import HealthServer, Metrics
+from kf_culler.metrics import ApiServer, Metrics
 from kf_culler.runner import Runner
 from kf_culler.service import instrument
 from kf_culler.timeutil import parse_time
@@ -64,7 +64,7 @@ class Stack:
     namespace: str
     lab: LabServer
     runner: Runner
-    http: HealthServer
+    http: ApiServer
     token_file: Path
     api: Any
 
@@ -116,8 +116,7 @@ def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll
     token_file.write_text(pod_token(api, pod))
 
     store = VerdictStore()
-    http = HealthServer("127.0.0.1:0", Metrics(), lambda: (True, "ready"),
-                        VerdictApi(store, TokenReviewer(culler_api)))
+    http = ApiServer("127.0.0.1:0", VerdictApi(store, TokenReviewer(culler_api)))
     http.start()
     env = {"KF_CULLER_VERDICT_URL": f"http://127.0.0.1:{http.port}", "KF_CULLER_TOKEN_FILE": str(token_file),
            "KF_CULLER_POLL_SECONDS": poll, "KF_CULLER_TIMEOUT_SECONDS": "3"}

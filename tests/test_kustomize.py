@@ -35,6 +35,7 @@ LABELS = {
     "app.kubernetes.io/part-of": "kubeflow",
 }
 METRICS_PORT = 9090
+API_PORT = 9091  # the verdict API, on a port of its own
 PRINCIPAL = f"cluster.local/ns/{NAMESPACE}/sa/{NAME}"
 # The notebook-controller's Deployment and container, as Kubeflow's manifests name them.
 CONTROLLER = ("notebook-controller-deployment", "manager")
@@ -248,7 +249,9 @@ def test_command_is_the_culler_cli_with_its_config_and_metrics_address() -> None
     assert args.config == "/etc/kf-culler/config.yaml"
     host, _, port = args.metrics_address.rpartition(":")
     assert host == "0.0.0.0" and int(port) == METRICS_PORT
-    assert {p["containerPort"] for p in c["ports"]} == {METRICS_PORT}
+    host, _, port = args.api_address.rpartition(":")
+    assert host == "0.0.0.0" and int(port) == API_PORT
+    assert {p["containerPort"] for p in c["ports"]} == {METRICS_PORT, API_PORT}
     # Two replicas must elect a leader, or both would write.
     assert getattr(args, "leader_elect", False) is True
     # The config file is the mounted ConfigMap's config.yaml.
@@ -264,12 +267,13 @@ def test_leader_election_gets_pod_name_and_namespace_from_the_downward_api() -> 
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
-def test_service_exposes_metrics() -> None:
+def test_service_exposes_metrics_and_the_verdict_api_apart() -> None:
     objs = render("overlays/kubeflow")
-    (port,) = one(objs, "Service", NAME)["spec"]["ports"]
-    assert port["name"] == "http-metrics" and port["port"] == METRICS_PORT
+    metrics, api = one(objs, "Service", NAME)["spec"]["ports"]
     names = {p["name"]: p["containerPort"] for p in container(culler(objs))["ports"]}
-    assert names[port["targetPort"]] == METRICS_PORT
+    assert metrics["name"] == "http-metrics" and metrics["port"] == METRICS_PORT
+    assert names[metrics["targetPort"]] == METRICS_PORT
+    assert api["name"] == "http-api" and api["port"] == API_PORT and names[api["targetPort"]] == API_PORT
 
 
 # --- RBAC -----------------------------------------------------------------------------------------
@@ -445,7 +449,7 @@ def test_culler_pod_joins_the_mesh_with_metrics_outside_the_proxy(overlay: str) 
     meta = culler(render(f"overlays/{overlay}"))["spec"]["template"]["metadata"]
     assert meta["labels"].get("sidecar.istio.io/inject") == "true"
     excluded = meta["annotations"]["traffic.sidecar.istio.io/excludeInboundPorts"].split(",")
-    assert str(METRICS_PORT) in [p.strip() for p in excluded]
+    assert {str(METRICS_PORT), str(API_PORT)} <= {p.strip() for p in excluded}
 
 
 def _template_matches(template: str, path: str) -> bool:
@@ -514,11 +518,48 @@ def _ports(rule: dict[str, Any]) -> set[int]:
     return {int(p["port"]) for p in rule.get("ports") or []}
 
 
+def _admits(rules: list[dict[str, Any]], port: int, namespace: dict[str, str], pod: dict[str, str]) -> bool:
+    """Whether an ingress rule lets a pod with these labels, in a namespace with these labels, reach `port`."""
+    for rule in rules:
+        if port not in _ports(rule):
+            continue
+        peers = rule.get("from")
+        if not peers:
+            return True  # no `from`: every source
+        for peer in peers:
+            if "ipBlock" in peer:
+                continue
+            if "namespaceSelector" in peer and not selects(peer["namespaceSelector"], namespace):
+                continue
+            if "podSelector" in peer and not selects(peer["podSelector"], pod):
+                continue
+            return True
+    return False
+
+
+TENANT_NS = {"kubernetes.io/metadata.name": "team-a", "app.kubernetes.io/part-of": "kubeflow-profile"}
+MONITORING_NS = {"kubernetes.io/metadata.name": "monitoring"}
+PROMETHEUS_POD = {"app.kubernetes.io/name": "prometheus"}
+NOTEBOOK_POD = {"notebook-name": "nb", "statefulset": "nb"}
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_network_policy_admits_only_the_metrics_port(overlay: str) -> None:
+def test_network_policy_admits_only_the_two_http_ports(overlay: str) -> None:
     for netpol in find(render(f"overlays/{overlay}"), "NetworkPolicy"):
         for rule in netpol["spec"].get("ingress") or []:
-            assert _ports(rule) == {METRICS_PORT}, netpol["metadata"]["name"]
+            assert _ports(rule) in ({METRICS_PORT}, {API_PORT}), netpol["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_prometheus_reaches_metrics_and_health_and_no_tenant_can_pose_as_it(overlay: str) -> None:
+    """Port 9090 admits Prometheus' pods of its namespace; a tenant's pod labelled like Prometheus, in a
+    namespace of its own, does not get in (kubernetes.io/metadata.name is the API server's, not the
+    tenant's). The kubelet's probes come from the node, which a NetworkPolicy always admits."""
+    rules = [r for p in find(render(f"overlays/{overlay}"), "NetworkPolicy") for r in p["spec"].get("ingress") or []]
+    assert _admits(rules, METRICS_PORT, MONITORING_NS, PROMETHEUS_POD)
+    assert not _admits(rules, METRICS_PORT, TENANT_NS, PROMETHEUS_POD)
+    assert not _admits(rules, METRICS_PORT, TENANT_NS, NOTEBOOK_POD)
+    assert not _admits(rules, METRICS_PORT, MONITORING_NS, {"app": "grafana"})
 
 
 def test_network_policy_lets_the_culler_reach_what_it_needs() -> None:
@@ -537,19 +578,9 @@ def test_network_policy_lets_the_culler_reach_what_it_needs() -> None:
 
 
 def test_network_policy_lets_notebook_pods_of_any_namespace_read_the_verdict_api() -> None:
-    """docs/verdict-api.md: notebook pods call the culler's port 9090 from their own namespaces."""
+    """docs/verdict-api.md: notebook pods call the culler's port 9091 from their own namespaces."""
     netpol = one(render("overlays/kubeflow"), "NetworkPolicy", NAME)
-    rules = [r for r in netpol["spec"]["ingress"] if METRICS_PORT in _ports(r)]
-    notebook_pod = {"notebook-name": "nb", "statefulset": "nb"}
-
-    def admits(rule: dict[str, Any]) -> bool:
-        peers = rule.get("from")
-        if not peers:
-            return True  # no `from`: every source
-        return any(set(peer) <= {"namespaceSelector", "podSelector"} and peer.get("namespaceSelector") == {}
-                   and selects(peer.get("podSelector") or {}, notebook_pod) for peer in peers)
-
-    assert any(admits(r) for r in rules)
+    assert _admits(netpol["spec"]["ingress"], API_PORT, TENANT_NS, NOTEBOOK_POD)
 
 
 # --- Istio: the culler's HTTP port (metrics, health, verdict API) ------------------------------------
@@ -557,18 +588,18 @@ def test_network_policy_lets_notebook_pods_of_any_namespace_read_the_verdict_api
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_mesh_callers_send_plain_http_to_the_port_outside_the_proxy(overlay: str) -> None:
-    """Port 9090 bypasses the culler's sidecar, so sidecar callers (notebook pods) must not send mTLS."""
+    """Ports 9090 and 9091 bypass the culler's sidecar, so sidecar callers (notebook pods) must not send mTLS."""
     objs = render(f"overlays/{overlay}")
     rule = one(objs, "DestinationRule", "kf-culler-http")
     assert rule["apiVersion"] == "networking.istio.io/v1" and rule["metadata"]["namespace"] == NAMESPACE
     service = one(objs, "Service", NAME)
     assert rule["spec"]["host"] in (NAME, f"{NAME}.{NAMESPACE}.svc.cluster.local")
-    assert service["spec"]["ports"][0]["port"] == METRICS_PORT
-    (setting,) = rule["spec"]["trafficPolicy"]["portLevelSettings"]
-    assert setting == {"port": {"number": METRICS_PORT}, "tls": {"mode": "DISABLE"}}
+    assert [p["port"] for p in service["spec"]["ports"]] == [METRICS_PORT, API_PORT]
+    settings = rule["spec"]["trafficPolicy"]["portLevelSettings"]
+    assert settings == [{"port": {"number": port}, "tls": {"mode": "DISABLE"}} for port in (METRICS_PORT, API_PORT)]
     excluded = culler(objs)["spec"]["template"]["metadata"]["annotations"][
         "traffic.sidecar.istio.io/excludeInboundPorts"]
-    assert str(METRICS_PORT) in excluded.split(",")
+    assert {str(METRICS_PORT), str(API_PORT)} <= set(excluded.split(","))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -581,16 +612,22 @@ def test_authorization_policy_keeps_the_http_port_read_only(overlay: str) -> Non
     pod_labels = culler(objs)["spec"]["template"]["metadata"]["labels"]
     assert selects(spec["selector"], pod_labels)
     assert not selects(spec["selector"], {"notebook-name": "nb"})
-    (rule,) = spec["rules"]
-    assert "from" not in rule  # any workload of any namespace; the culler checks the token itself
-    (to,) = rule["to"]
-    op = to["operation"]
-    assert sorted(op["methods"]) == ["GET", "HEAD"] and op["ports"] == [str(METRICS_PORT)]
-    for path in ("/api/v1/namespaces/team-a/notebooks/nb", "/api/v1/namespaces/team-a/notebooks",
-                 "/metrics", "/healthz", "/readyz"):
-        assert any(_template_matches(t, path) for t in op["paths"]), path
+    api_rule, health_rule = spec["rules"]
+    for rule in spec["rules"]:
+        assert "from" not in rule  # any workload of any namespace; the culler checks the token itself
+    (api_to,), (health_to,) = api_rule["to"], health_rule["to"]
+    for op in (api_to["operation"], health_to["operation"]):
+        assert sorted(op["methods"]) == ["GET", "HEAD"]
+    api, health = api_to["operation"], health_to["operation"]
+    assert api["ports"] == [str(API_PORT)] and health["ports"] == [str(METRICS_PORT)]
+    for path in ("/api/v1/namespaces/team-a/notebooks/nb", "/api/v1/namespaces/team-a/notebooks"):
+        assert any(_template_matches(t, path) for t in api["paths"]), path
+        assert not any(_template_matches(t, path) for t in health["paths"]), path
+    for path in ("/metrics", "/healthz", "/readyz"):
+        assert any(_template_matches(t, path) for t in health["paths"]), path
+        assert not any(_template_matches(t, path) for t in api["paths"]), path
     for path in ("/", "/debug/pprof", "/api/v2/x", "/apis/x"):
-        assert not any(_template_matches(t, path) for t in op["paths"]), path
+        assert not any(_template_matches(t, path) for op in (api, health) for t in op["paths"]), path
 
 
 # --- notifications component ------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 The culler runs as its own ServiceAccount with the shipped RBAC (a dry-run pass fills the verdict store
 through service.instrument), checks callers' tokens with TokenReviews as that ServiceAccount, and a
 notebook pod's own token (TokenRequest bound to the pod, ServiceAccount default-editor, as Kubeflow's
-profiles run notebooks) reads its own namespace only.
+profiles run notebooks, for the audience kf-culler) reads its own namespace only; the same pod's token
+for the API server's own audience reads nothing.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from test_rbac import apply, rbac_objects
 from kf_culler.config import load_mapping
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube import POD_LABEL
-from kf_culler.kube.tokens import ReviewUnavailable, TokenReviewer
+from kf_culler.kube.tokens import AUDIENCE, ReviewUnavailable, TokenReviewer
 from kf_culler.local import objects as obj
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
-from kf_culler.metrics import HealthServer, Metrics
+from kf_culler.metrics import ApiServer, Metrics
 from kf_culler.model import Verdict
 from kf_culler.runner import Runner
 from kf_culler.service import instrument
@@ -63,11 +64,16 @@ def notebook_pod(api: Any, namespace: str, name: str) -> Any:
     return pod
 
 
-def pod_token(api: Any, pod: Any) -> str:
-    """The token the kubelet would project into the pod: TokenRequest for its ServiceAccount, bound to it."""
+def pod_token(api: Any, pod: Any, audience: str | None = AUDIENCE) -> str:
+    """The token the kubelet would project into the pod: TokenRequest for its ServiceAccount, bound to it, for
+    `audience` (the projected volume of docs/ide-extension.md's PodDefault), or for the API server's own
+    audience when None (the pod's default token)."""
+    spec: dict[str, Any] = {"expirationSeconds": 3600, "boundObjectRef": {
+        "kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}}
+    if audience is not None:
+        spec["audiences"] = [audience]
     return str(client.CoreV1Api(api).create_namespaced_service_account_token(
-        EDITOR, pod.metadata.namespace, {"spec": {"expirationSeconds": 3600, "boundObjectRef": {
-            "kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}}}).status.token)
+        EDITOR, pod.metadata.namespace, {"spec": spec}).status.token)
 
 
 def ensure(create: Any) -> None:
@@ -105,7 +111,7 @@ def test_verdicts_readable_by_own_namespace_only(kube: KubeTarget, api: Any, nam
         runner = Runner(settings, culler_api, dry_run=True, records_namespace=CULLER_NS)
         instrument(runner, Metrics(), None, store)
         reviewer = TokenReviewer(culler_api)
-        http = HealthServer("127.0.0.1:0", Metrics(), lambda: (True, "ready"), VerdictApi(store, reviewer))
+        http = ApiServer("127.0.0.1:0", VerdictApi(store, reviewer))
         http.start()
         try:
             token_a, token_b = pod_token(api, pod_a), pod_token(api, pod_b)
@@ -161,6 +167,17 @@ def test_verdicts_readable_by_own_namespace_only(kube: KubeTarget, api: Any, nam
                 assert code == 403 and json.loads(body)["reason"] == "Forbidden", body
             assert call(http.port, f"/api/v1/namespaces/{other}/notebooks/nb-b", token_b)[0] == 200
             assert call(http.port, f"/api/v1/namespaces/{namespace}/notebooks/nb-a", token_b)[0] == 403
+
+            # The pod's default token (the API server's audience, not kf-culler's): 401, after a TokenReview
+            # that asked for the audience kf-culler.
+            plain = pod_token(api, pod_a, audience=None)
+            code, headers, body = call(http.port, f"/api/v1/namespaces/{namespace}/notebooks/nb-a", plain)
+            assert code == 401 and "invalid_token" in headers["WWW-Authenticate"], body
+            assert not reviewer.review(plain).authenticated
+
+            # The verdict API has a port of its own: /metrics and /healthz are not on it.
+            for path in ("/metrics", "/healthz", "/readyz"):
+                assert call(http.port, path, token_a)[0] == 404, path
 
             # No token, a garbage token, another scheme: 401.
             for token in (None, "garbage", "eyJhbGciOiJSUzI1NiJ9.e30.c2ln"):

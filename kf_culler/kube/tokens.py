@@ -1,5 +1,9 @@
 """Who is calling: a bearer token checked with a TokenReview (authentication.k8s.io/v1), cached briefly.
 
+The review asks for the audience AUDIENCE ("kf-culler"): only a token minted for it (a projected
+ServiceAccount token with `audience: kf-culler`) is accepted, so a pod's default token, which any
+workload holding it may forward to any service, never reads a verdict.
+
 Only ServiceAccount identities (`system:serviceaccount:<namespace>:<name>`) carry a namespace; any
 other authenticated user has none. A token the API server rejects is cached for a shorter time than
 one it accepts; an API server that cannot be asked is an error, never a verdict, and is not cached.
@@ -19,6 +23,7 @@ from typing import Any
 from kf_culler.errors import ReviewUnavailable as ReviewUnavailable
 
 SA_PREFIX = "system:serviceaccount:"
+AUDIENCE = "kf-culler"  # the audience a caller's token must be minted for
 MAX_TOKEN_BYTES = 8 * 1024  # a ServiceAccount token (a JWT) is 1-2 KiB
 # A JWT: three base64url segments (RFC 7515 compact form). Anything else is refused without a TokenReview.
 JWT = re.compile(r"^[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}$")
@@ -46,9 +51,10 @@ def identity_from(username: str) -> Identity:
 class TokenReviewer:
     """`review(token)` -> Identity, asking the API server at most once per token per `ttl` seconds."""
 
-    def __init__(self, api_client: Any, ttl: float = 10.0, negative_ttl: float = 30.0, max_entries: int = 4096,
-                 timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, api_client: Any, audience: str = AUDIENCE, ttl: float = 10.0, negative_ttl: float = 30.0,
+                 max_entries: int = 4096, timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.api_client = api_client
+        self.audience = audience
         self.ttl, self.negative_ttl, self.max_entries, self.timeout = ttl, negative_ttl, max_entries, timeout
         self.clock = clock
         self.reviews = 0  # TokenReviews sent (for tests and curiosity)
@@ -88,7 +94,8 @@ class TokenReviewer:
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token, "audiences": [self.audience]}}
         try:
             self.reviews += 1
             out = client.AuthenticationV1Api(self.api_client).create_token_review(
@@ -100,4 +107,6 @@ class TokenReviewer:
         status = out.status
         if status is None or not status.authenticated or status.user is None:
             return Identity(False, error=(status.error if status is not None else "") or "not authenticated")
+        if self.audience not in (status.audiences or []):  # an API server that ignored the audience asked for
+            return Identity(False, error=f"token not minted for the audience {self.audience}")
         return identity_from(str(status.user.username or ""))

@@ -5,10 +5,11 @@
 
 Where the verdict comes from (environment of the notebook's container):
 
-    KF_CULLER_VERDICT_URL   the culler's verdict API, e.g. http://kf-culler.kubeflow.svc.cluster.local:9090
+    KF_CULLER_VERDICT_URL   the culler's verdict API, e.g. http://kf-culler.kubeflow.svc.cluster.local:9091
                             (set by an admin through a Kubeflow PodDefault); unset: nothing is shown
     NB_PREFIX               /notebook/<namespace>/<name> (set by Kubeflow); else the server's base_url
-    KF_CULLER_TOKEN_FILE    the ServiceAccount token (default: the pod's projected token)
+    KF_CULLER_TOKEN_FILE    a projected ServiceAccount token for the audience kf-culler
+                            (default: /var/run/secrets/kf-culler/token, where the PodDefault mounts it)
     KF_CULLER_POLL_SECONDS  how often the page asks (default 30)
     KF_CULLER_TIMEOUT_SECONDS  how long one question to the culler may take (default 3)
 """
@@ -26,7 +27,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+TOKEN_FILE = "/var/run/secrets/kf-culler/token"  # docs/ide-extension.md: a projected token, audience kf-culler
 DNS = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
 PREFIX = re.compile(rf"^/?notebook/({DNS})/({DNS})/?$")
 MAX_REASON = 1000
