@@ -94,7 +94,7 @@ def _with_long_stopped(runner: Runner, fmt: str, text: str) -> str:
     from kf_culler.stopped import long_stopped_in
 
     notebooks = [nb for nb, _ in runner.cache.snapshot()] if runner.cache is not None else []
-    found = long_stopped_in(runner.settings, notebooks, datetime.now(UTC))
+    found = long_stopped_in(runner.settings, notebooks, datetime.now(UTC), runner.policy_of)
     return with_long_stopped(text, fmt, found, runner.settings.operations.long_stopped_days)
 
 
@@ -170,6 +170,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         leader_elect=args.leader_elect,
         lease_namespace=args.lease_namespace or args.culler_namespace, lease_name=args.lease_name, record=args.record,
         record_hash_key=args.record_hash_key, json_logs=not args.text_logs))
+
+
+def cmd_release_brakes(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from kf_culler.kube.brakes import NAME, release
+    from kf_culler.kube.client import api_client
+    from kf_culler.runner import own_namespace
+
+    namespace = args.culler_namespace or own_namespace()
+    try:
+        release(api_client(args.kubeconfig), namespace, datetime.now(UTC))
+    except Exception as err:
+        print(f"kf-culler release-brakes: cannot write ConfigMap {namespace}/{NAME}: {err}", file=sys.stderr)
+        return 1
+    print(f"released: the culler's next pass ends the brakes' hold (ConfigMap {namespace}/{NAME})")
+    return 0
 
 
 # What `kf-culler demo` needs beyond the runtime dependencies: its local components (not in the container
@@ -300,6 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hash namespaces and names in the trace with this key")
     p.add_argument("--text-logs", action="store_true", help="human-readable logs instead of JSON lines")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("release-brakes", help="end the brakes' hold on stops (an admin's confirmation: "
+                       "ConfigMap kf-culler-brakes in the culler's namespace)",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig to use (default: ~/.kube/config)")
+    p.add_argument("--culler-namespace", metavar="NAMESPACE", default=None,
+                   help="the culler's own namespace (default: POD_NAMESPACE, else default)")
+    p.set_defaults(func=cmd_release_brakes)
 
     p = sub.add_parser("demo", help="a local control plane, real Jupyter servers, and a culling to watch",
                        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)

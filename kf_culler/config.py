@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from kf_culler.brakes import BrakeLimits, limits_problem
 from kf_culler.errors import ConfigError as ConfigError
 
 TEN_YEARS_MIN = 10 * 366 * 24 * 60
@@ -221,6 +222,30 @@ class DcgmSettings(_Model):
     insecure_skip_verify: bool = Field(default=False, alias="insecureSkipVerify")
 
 
+class BrakeSettings(_Model):
+    """Brakes for when the culler is likely wrong about the whole fleet at once (kf_culler/brakes.py), and
+    plain caps on stops and warnings per pass. docs/faults.md, "When the culler is likely wrong"."""
+
+    enabled: bool = True
+    fleet_fraction: float = Field(default=0.5, alias="fleetFraction", gt=0, le=1)
+    min_namespaces: int = Field(default=3, alias="minNamespaces", ge=1, le=100_000)
+    hold_minutes: float = Field(default=60, alias="holdMinutes", ge=0, le=10 * 24 * 60)
+    max_stops_per_pass: int = Field(default=500, alias="maxStopsPerPass", ge=0, le=1_000_000)
+    max_warnings_per_pass: int = Field(default=1000, alias="maxWarningsPerPass", ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _one_tenant_cannot_trip(self) -> BrakeSettings:
+        problem = limits_problem(self.limits)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @property
+    def limits(self) -> BrakeLimits:
+        return BrakeLimits(self.enabled, self.fleet_fraction, self.min_namespaces, self.hold_minutes,
+                           self.max_stops_per_pass, self.max_warnings_per_pass)
+
+
 class IstioSettings(_Model):
     """The culler keeps its own AuthorizationPolicy kf-culler-probes in every namespace with notebooks (off by
     default; needs kustomize/components/istio-policies for the RBAC)."""
@@ -333,6 +358,10 @@ class Operations(_Model):
     dcgm: DcgmSettings = Field(default_factory=DcgmSettings)
     notifications: Notifications = Field(default_factory=Notifications)
     istio: IstioSettings = Field(default_factory=IstioSettings)
+    brakes: BrakeSettings = Field(default_factory=BrakeSettings)
+    # Notebook writes (patches, records, Events) in flight at once: a pass that warns or stops thousands of
+    # notebooks ends within a period; each write backs off on 429 (API Priority and Fairness).
+    writes_in_flight: int = Field(default=16, alias="writesInFlight", ge=1, le=256)
     # Split the notebooks by namespace into this many shards, each held by one replica through its own
     # Lease (`run --leader-elect`); 1: one Lease, one writer (docs/install.md, "Scaling out").
     shards: int = Field(default=1, ge=1, le=256)
@@ -404,13 +433,20 @@ class Settings:
         self.overrides = overrides
         self.rules = rules
 
-    def policy_for(self, namespace: str) -> Policy:
-        """The namespace's override, else the top-level policy (rules need the notebook: policy.select)."""
-        return self.overrides.get(namespace, self.policy)
-
     def policies(self) -> list[Policy]:
         """Every policy a notebook can get: the top level, the overrides, the rules'."""
         return [self.policy, *self.overrides.values(), *(r.policy for r in self.rules)]
+
+    @property
+    def selector_label_keys(self) -> frozenset[str]:
+        """The label keys the rules' namespaceSelector and notebookSelector read."""
+        keys: set[str] = set()
+        for rule in self.rules:
+            for sel in (rule.match.namespace_selector, rule.match.notebook_selector):
+                if sel is not None:
+                    keys.update(sel.match_labels)
+                    keys.update(req.key for req in sel.match_expressions)
+        return frozenset(keys)
 
     @property
     def needs_namespace_labels(self) -> bool:

@@ -8,22 +8,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import uvloop
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from kf_culler.config import DEFAULT_RULE, Policy, Settings
-from kf_culler.decide import decide_view, gpu_count
+from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes
+from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
+from kf_culler.decide import decide_view
 from kf_culler.gather import Gathered, Request, gather
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer, WriteResult
 from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, WARNED_AT_ANNOTATION, InputError, Verdict
-from kf_culler.notebook import NotebookView
+from kf_culler.notebook import NotebookView, node_gpu_model
 from kf_culler.plan import Plan, plan
-from kf_culler.policy import select_for
+from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
@@ -74,6 +77,7 @@ class NotebookResult:
     write: WriteResult | None = None
     trace_id: str | None = None
     record: CullerRecord | None = None  # the culler's own record of the notebook, as the pass read it
+    policy: Policy | None = None  # the policy chosen for it (kf_culler/policy.py): notices read maxExtendMinutes
 
 
 @dataclass
@@ -85,6 +89,26 @@ class CycleResult:
     bulk_queries: int = 0
     interrupted: bool = False
     phases: dict[str, float] = field(default_factory=dict)  # seconds: select, gather, apply
+    brakes: Outcome | None = None  # what the brakes did in this pass (kf_culler/brakes.py); None: no brakes
+
+
+@dataclass
+class Judged:
+    """A notebook with its verdict, between deciding and writing. `held`: the actions the brakes took back
+    in this pass (a re-plan after a conflict must not bring them back), and why."""
+
+    nb: dict[str, Any]
+    sel: Selected
+    verdict: Verdict
+    observations: dict[str, Any]
+    calls: list[Call]
+    held: frozenset[str] = frozenset()
+    why: str = ""
+
+    def restrain(self, verdict: Verdict) -> Verdict:
+        if verdict.action not in self.held:
+            return verdict
+        return dataclasses.replace(verdict, action="keep", reason=f"{self.why} {verdict.reason}")
 
 
 @dataclass
@@ -104,7 +128,10 @@ class Cycle:
     # the result then no longer holds it: 7,000 written notebooks held to the end of a pass were a
     # third of the culler's memory at 10,000 notebooks.
     on_written: Callable[[dict[str, Any]], None] | None = None
-    on_observed: Callable[[datetime, dict[str, Any], dict[str, Any] | None, dict[str, Any]], None] | None = None
+    # Given each probed notebook with its observations and what chose its policy beyond the two objects (the
+    # namespace's labels, the GPU model of the pod's Node: `selection_context`), for `--record`.
+    on_observed: Callable[[datetime, dict[str, Any], dict[str, Any] | None, dict[str, Any], dict[str, Any]],
+                          None] | None = None
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("kf_culler"))
     notifier: Any = None  # kf_culler.notify.notifier.Notifier: offered each write, never blocks the pass
     # A namespace's labels (kf_culler/kube/namespaces.py) for policy rules with a namespaceSelector; it
@@ -113,6 +140,11 @@ class Cycle:
     # Notebooks whose probes were slow in the previous pass: probed by workers of their own (gather), replaced
     # by this pass's after its gather.
     slow: set[tuple[str, str]] = field(default_factory=set)
+    # The brakes' limits (None: no brakes, no caps), what they remember from the previous pass, and an admin's
+    # release of a hold (kf_culler/brakes.py; the runner keeps the state between passes).
+    brakes: BrakeLimits | None = None
+    brake_state: BrakeState = field(default_factory=BrakeState)
+    released_at: datetime | None = None
     # The culler's own record of each notebook (rule 15); None: no record is read or written (every notebook
     # is one the culler has no record of).
     records: RecordStore | None = None
@@ -123,7 +155,6 @@ class Cycle:
     access_problem: Callable[[str], str | None] | None = None
     # The Node of a name (its GPU model label, rule 17), when the culler reads Nodes; None: it does not.
     nodes: Callable[[object], dict[str, Any] | None] | None = None
-    _policies: dict[tuple[str, str], tuple[Policy, str]] = field(default_factory=dict, repr=False)
 
     def node_for(self, pod: dict[str, Any] | None) -> dict[str, Any] | None:
         """The Node the pod runs on, when the culler reads Nodes (rule 17)."""
@@ -132,51 +163,66 @@ class Cycle:
         spec = pod.get("spec")
         return self.nodes(spec.get("nodeName")) if isinstance(spec, dict) else None
 
-    def choose(self, nb: dict[str, Any], pod: dict[str, Any] | None) -> tuple[Policy, str]:
-        """The notebook's policy and what chose it (kf_culler/policy.py), remembered for this pass."""
+    def select(self, nb: dict[str, Any], pod: dict[str, Any] | None, now: datetime) -> Selected | None:
+        """The notebook's view and policy for this pass (kf_culler/policy.py `selection`), or None when gpuOnly
+        leaves it out (no GPU by its own policy's gpuResources); InputError when it is not a notebook at all."""
         meta: dict[str, Any] = nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}
-        ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        ns = str(meta.get("namespace"))
         labels = None
         if self.namespace_labels is not None and self.settings.needs_namespace_labels:
             labels = self.namespace_labels(ns)
-        try:
-            chosen = select_for(nb, pod, labels, self.settings, self.node_for(pod))
-        except InputError:  # not a notebook at all: deciding it says so
-            chosen = (self.settings.policy_for(ns), DEFAULT_RULE)
-        self._policies[(ns, name)] = chosen
-        return chosen
+        problem = self.access_problem(ns) if self.access_problem is not None else None
+        sel = selection(nb, pod, self.settings, namespace_labels=labels, node=self.node_for(pod),
+                        access_problem=problem)
+        if self.settings.operations.gpu_only and sel.view.gpus == 0:
+            return None
+        record = self._record_of(nb, now)  # after gpuOnly: a notebook left out gets no record
+        if record is None:
+            return sel
+        return dataclasses.replace(sel, view=dataclasses.replace(sel.view, record=record))
 
-    def selected(self, notebook: dict[str, Any], pod: dict[str, Any] | None) -> bool:
-        meta = notebook.get("metadata") or {}
-        ns = str(meta.get("namespace", ""))
+    def selection_context(self, namespace: str, pod: dict[str, Any] | None) -> dict[str, Any]:
+        """What the policy choice read besides the notebook and its pod, as a replay trace keeps it
+        (kf_culler/replay/trace.py): `namespaceLabels` when rules read them, `node` (its GPU model label)."""
+        out: dict[str, Any] = {}
+        if self.namespace_labels is not None and self.settings.needs_namespace_labels:
+            labels = self.namespace_labels(namespace)
+            if labels is not None:
+                out["namespaceLabels"] = dict(labels)
+        model = node_gpu_model(self.node_for(pod))
+        if model:
+            out["node"] = {"metadata": {"labels": {GPU_MODEL_LABEL: model[0]}}}
+        return out
+
+    def in_scope(self, notebook: dict[str, Any]) -> bool:
+        """The configuration's namespaces, and with shards, this replica's."""
+        ns = str((notebook.get("metadata") or {}).get("namespace", ""))
         if not self.settings.operations.namespaces.selects(ns):
             return False
-        if self.owns is not None and not self.owns(ns):
-            return False
-        if self.settings.operations.gpu_only:
-            return gpu_count(notebook, pod, self.settings.policy_for(ns).gpu_resources) > 0
-        return True
+        return self.owns is None or self.owns(ns)
 
     def run(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> CycleResult:
         t0 = time.monotonic()
         started = self.clock()
-        self._policies.clear()
         with self.tracer.start_as_current_span("kf_culler.cycle") as span:
-            chosen = [(nb, pod) for nb, pod in items if self.selected(nb, pod)]
-            span.set_attribute("kf_culler.notebooks", len(chosen))
+            chosen: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
             pre: dict[tuple[str, str], Verdict] = {}
-            views: dict[tuple[str, str], NotebookView] = {}
+            selections: dict[tuple[str, str], Selected] = {}
             requests: list[Request] = []
             untrusted: dict[tuple[str, str], tuple[str, str]] = {}  # not probed: (source, why)
-            for nb, pod in chosen:
+            for nb, pod in items:
+                if not self.in_scope(nb):
+                    continue
                 meta = nb.get("metadata") or {}
                 key = (str(meta.get("namespace")), str(meta.get("name")))
-                policy, _ = self.choose(nb, pod)
                 try:
-                    problem = self.access_problem(key[0]) if self.access_problem is not None else None
-                    view = views[key] = NotebookView.of(nb, pod, policy, node=self.node_for(pod),
-                                                        record=self._record_of(nb, started), access_problem=problem)
-                    verdict = decide_view(view, {}, policy, started)
+                    sel = self.select(nb, pod, started)
+                    if sel is None:
+                        continue
+                    chosen.append((nb, pod))
+                    view = sel.view
+                    selections[key] = sel
+                    verdict = decide_view(view, {}, sel.policy, started)
                 except InputError as err:
                     log.warning("skipping %s/%s: %s", *key, err)
                     continue
@@ -193,6 +239,7 @@ class Cycle:
                     untrusted[key] = (str(source), tampered)
                     source = None  # no IDE probe; the GPU is still asked
                 requests.append(Request(key[0], key[1], pod_name, source, view.gpus > 0))
+            span.set_attribute("kf_culler.notebooks", len(chosen))
             t_gather = time.monotonic()
             with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
                 gathered = run_async(gather(requests, self.settings.operations, started, self.gpu,
@@ -206,30 +253,97 @@ class Cycle:
                 gspan.set_attribute("kf_culler.bulk_queries", gathered.bulk_queries)
             t_apply = time.monotonic()
             now = self.clock()
-            results: list[NotebookResult] = []
-            interrupted = False
+            judged: list[Judged] = []
             for nb, _pod in chosen:
-                if self.stop_flag.is_set():
-                    interrupted = True
-                    break
                 meta = nb.get("metadata") or {}
-                found = views.get((str(meta.get("namespace")), str(meta.get("name"))))
+                found = selections.get((str(meta.get("namespace")), str(meta.get("name"))))
                 if found is None:  # not a notebook at all (logged when it was read)
                     continue
                 try:
-                    result = self._one(nb, found, pre, gathered, now)
+                    j = self._judge(nb, found, pre, gathered, now)
                 except Exception:  # isolate per notebook: one failure never stops the sweep
-                    where: dict[str, Any] = nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}
-                    log.exception("skipping %s/%s: its pass failed", where.get("namespace"), where.get("name"))
+                    log.exception("skipping %s/%s: deciding it failed", *found.key)
                     continue
-                if result is not None:
-                    results.append(result)
-                    if self.on_result is not None:
-                        self.on_result(result)
+                if j is not None:
+                    judged.append(j)
+            braked = self._brake(judged, now)
+            results, interrupted = self._act_all(judged, now)
             span.set_attribute("kf_culler.interrupted", interrupted)
         t_end = time.monotonic()
         phases = {"select": t_gather - t0, "gather": t_apply - t_gather, "apply": t_end - t_apply}
-        return CycleResult(started, now, t_end - t0, results, gathered.bulk_queries, interrupted, phases)
+        return CycleResult(started, now, t_end - t0, results, gathered.bulk_queries, interrupted, phases, braked)
+
+    def _judge(self, nb: dict[str, Any], sel: Selected, pre: dict[tuple[str, str], Verdict], gathered: Gathered,
+               now: datetime) -> Judged | None:
+        """The notebook's verdict from what the gather found (or from its pre-probe verdict)."""
+        view, key = sel.view, sel.key
+        observations = gathered.observations.get(key, {})
+        if self.on_observed is not None and key not in pre:
+            self.on_observed(now, nb, view.pod, observations, self.selection_context(key[0], view.pod))
+        try:
+            verdict = pre.get(key) or decide_view(view, observations, sel.policy, now)
+        except InputError as err:
+            log.warning("skipping %s/%s: %s", *key, err)
+            return None
+        verdict = dataclasses.replace(verdict, policy_rule=sel.rule)
+        return Judged(nb, sel, verdict, observations, gathered.calls.get(key, []))
+
+    def _brake(self, judged: list[Judged], now: datetime) -> Outcome | None:
+        """The brakes over the whole pass's verdicts (kf_culler/brakes.py): held and deferred stops, and
+        deferred warnings, become keeps that say why."""
+        if self.brakes is None:
+            return None
+        seen = [Seen(j.sel.key[0], j.sel.key[1], j.sel.view.pod_start is not None, j.sel.view.gpus > 0,
+                     j.verdict.state, j.verdict.action, j.verdict.stop_at) for j in judged]
+        outcome = apply_brakes(seen, self.brake_state, self.brakes, now, self.released_at)
+        for j in judged:
+            key, v = j.sel.key, j.verdict
+            if key in outcome.held_stops:
+                why = (f"Stop held: the culler holds every stop for now, because {outcome.why}, which looks "
+                       "like a fault of a metrics source rather than of the notebooks.")
+            elif key in outcome.deferred_stops:
+                why = f"Stop deferred to the next pass: at most {self.brakes.max_stops_per_pass} stops per pass."
+            elif key in outcome.deferred_warnings:
+                why = (f"Warning deferred to the next pass: at most {self.brakes.max_warnings_per_pass} "
+                       "warnings per pass.")
+            else:
+                continue
+            j.held, j.why = frozenset({v.action}), why
+            j.verdict = j.restrain(v)
+        return outcome
+
+    def _act_all(self, judged: list[Judged], now: datetime) -> tuple[list[NotebookResult], bool]:
+        """Plan and write every judged notebook, with at most `writesInFlight` writes at once; results in the
+        pass's order. A stop request (SIGTERM) ends the pass between notebooks."""
+        interrupted = False
+        workers = self.settings.operations.writes_in_flight if self.writer is not None else 1
+        context = otel_context.get_current()
+
+        def act(j: Judged) -> NotebookResult | None:
+            token = otel_context.attach(context)  # the notebook's span under the pass's, from any thread
+            try:
+                if self.stop_flag.is_set():
+                    return None
+                return self._act(j, now)
+            except Exception:  # isolate per notebook: one failure never stops the sweep
+                log.exception("skipping %s/%s: its pass failed", *j.sel.key)
+                return None
+            finally:
+                otel_context.detach(token)
+
+        if workers <= 1:
+            found = []
+            for j in judged:
+                if self.stop_flag.is_set():
+                    interrupted = True
+                    break
+                found.append(act(j))
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="write") as pool:
+                found = list(pool.map(act, judged))
+            interrupted = self.stop_flag.is_set()
+        results = [r for r in found if r is not None]
+        return results, interrupted
 
     def _tampered(self, nb: dict[str, Any], source: str | None) -> str | None:
         """Why the probe must not go through the notebook's Service (a user may point it anywhere), or None.
@@ -293,28 +407,18 @@ class Cycle:
             uid = str((nb.get("metadata") or {}).get("uid"))
             self.records.put(uid, str(view.namespace), str(view.name), view.record)
 
-    def _one(self, nb: dict[str, Any], view: NotebookView, pre: dict[tuple[str, str], Verdict],
-             gathered: Gathered, now: datetime) -> NotebookResult | None:
-        ns, name, pod = str(view.namespace), str(view.name), view.pod
-        policy, policy_rule = self._policies.get((ns, name)) or self.choose(nb, pod)
+    def _act(self, j: Judged, now: datetime) -> NotebookResult:
+        """Trace, plan and write one judged notebook (writes only when this culler writes)."""
+        nb, sel, verdict, observations, calls = j.nb, j.sel, j.verdict, j.observations, j.calls
+        view, policy = sel.view, sel.policy
+        (ns, name), pod = sel.key, view.pod
         stype = view.server_type
         with self.tracer.start_as_current_span("kf_culler.notebook") as span:
             span.set_attributes({"k8s.namespace.name": ns, "kf_culler.notebook": name,
                                  "kf_culler.server_type": stype})
-            observations = gathered.observations.get((ns, name), {})
-            calls = gathered.calls.get((ns, name), [])
             source = SERVER_SOURCES.get(stype, stype)
             for call in calls:
                 _probe_span(self.tracer, call, source)
-            if self.on_observed is not None and (ns, name) not in pre:
-                self.on_observed(now, nb, pod, observations)
-            try:
-                verdict = pre.get((ns, name)) or decide_view(view, observations, policy, now)
-            except InputError as err:
-                span.set_attribute("kf_culler.error", str(err))
-                log.warning("skipping %s/%s: %s", ns, name, err)
-                return None
-            verdict = dataclasses.replace(verdict, policy_rule=policy_rule)
             trace_id = format(span.get_span_context().trace_id, "032x") if span.get_span_context().is_valid \
                 else None
             span.set_attributes({
@@ -322,7 +426,7 @@ class Cycle:
                 "kf_culler.rule": verdict.rule, "kf_culler.reason": verdict.reason,
                 "kf_culler.idle_seconds": verdict.idle_seconds or 0.0, "kf_culler.gpus": view.gpus})
             result = NotebookResult(ns, name, stype, view.gpus, verdict, observations, calls, trace_id=trace_id,
-                                    record=view.record)
+                                    record=view.record, policy=policy)
             step = self.settings.operations.last_activity_step_minutes
             result.plan = plan(view, verdict, now, step, trace_id)
             if result.plan.empty:
@@ -333,8 +437,8 @@ class Cycle:
                         fresh_view = dataclasses.replace(
                             NotebookView.of(fresh, pod, policy, record=view.record, access_problem=view.access_problem),
                             gpu_models=view.gpu_models)
-                        return plan(fresh_view, decide_view(fresh_view, observations, policy, now), now, step,
-                                    trace_id)
+                        return plan(fresh_view, j.restrain(decide_view(fresh_view, observations, policy, now)), now,
+                                    step, trace_id)
 
                     owns, may_write = self.owns, self.may_write
 
@@ -355,6 +459,8 @@ class Cycle:
                     if self.on_written is not None and result.write.notebook is not None:
                         self.on_written(result.write.notebook)
                         result.write.notebook = None
+            if self.on_result is not None:
+                self.on_result(result)
             return result
 
 

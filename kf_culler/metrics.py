@@ -14,6 +14,7 @@ from typing import Any, get_args
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from kf_culler.brakes import Outcome
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.decide import gpu_count
 from kf_culler.model import (
@@ -60,8 +61,29 @@ class Metrics:
                                   "longStoppedDays, by whether they request a GPU", ["gpu"], registry=r)
         self.shards_held = Gauge("kf_culler_shards_held", "With shards: 1 for each shard this replica holds "
                                  "(probes and writes), 0 for the others", ["shard"], registry=r)
+        self.brakes_held = Gauge("kf_culler_brakes_held", "1 while the brakes hold every stop (an unusual share "
+                                 "of the fleet changed verdict at once: docs/faults.md)", registry=r)
+        self.brake_trips = Counter("kf_culler_brake_trips", "Passes in which a brake signal tripped, by signal",
+                                   ["signal"], registry=r)
+        self.brake_share = Gauge("kf_culler_brake_share", "Each brake signal's namespace-weighted share in the "
+                                 "last pass (0-1)", ["signal"], registry=r)
+        self.brake_deferred = Counter("kf_culler_brake_deferred", "Stops and warnings left for the next pass by "
+                                      "the per-pass caps, or held by the brakes", ["kind"], registry=r)
         self._accounted: dict[tuple[str, str], datetime] = {}
         self._started = time.time()
+
+    def observe_brakes(self, outcome: Outcome | None) -> None:
+        if outcome is None:
+            return
+        self.brakes_held.set(1 if outcome.held else 0)
+        for signal in outcome.trips:
+            self.brake_trips.labels(signal).inc()
+        for signal, share in outcome.shares.items():
+            self.brake_share.labels(signal).set(share)
+        for kind, keys in (("held-stop", outcome.held_stops), ("deferred-stop", outcome.deferred_stops),
+                           ("deferred-warning", outcome.deferred_warnings)):
+            if keys:
+                self.brake_deferred.labels(kind).inc(len(keys))
 
     def observe_result(self, r: NotebookResult) -> None:
         source = SERVER_SOURCES.get(r.server_type, r.server_type)
@@ -101,10 +123,11 @@ class Metrics:
         self._orphan_namespaces = set(gpu_orphans_by_namespace)
 
     def account_reclaimed(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime,
-                          gpu_resources: tuple[str, ...],
+                          gpu_resources: Callable[[dict[str, Any]], tuple[str, ...]],
                           stopped_by_culler: Callable[[dict[str, Any]], bool] | None = None,
                           orphaned: frozenset[tuple[str, str]] = frozenset()) -> None:
-        """Add GPUs x elapsed time for every notebook this culler stopped and nobody restarted yet: stopped, and
+        """Add GPUs x elapsed time for every notebook this culler stopped and nobody restarted yet (its GPUs
+        counted with `gpu_resources(notebook)`, its policy's): stopped, and
         by the culler's own record when one is given (`stopped_by_culler`; else its stopped-by mark), and not
         one whose pod was taken from its StatefulSet (`orphaned`): that GPU is still held."""
         seen = set()
@@ -117,7 +140,7 @@ class Metrics:
                 ann.get(STOPPED_BY_ANNOTATION) == STOPPED_BY_VALUE)
             if not ours:
                 continue
-            gpus = gpu_count(nb, None, gpu_resources)
+            gpus = gpu_count(nb, None, gpu_resources(nb))
             if gpus <= 0:
                 continue
             meta = nb.get("metadata") or {}

@@ -1,17 +1,24 @@
 """Which policy a notebook gets: namespaceOverrides, then the `rules` in order, then the top level.
 
-Pure: `select(view, namespace_labels, settings) -> (Policy, rule name)`; the namespace's labels are read
-by the shell (kf_culler/kube/namespaces.py) and passed in. docs/configuration.md, "Policy rules".
+The one place a notebook's policy is chosen. Pure: `select(view, namespace_labels, settings) -> (Policy,
+rule name)`, and `selection(...)`, the pass's step that reads a notebook once and gives its view and its
+policy together (the cycle, notices, long-stopped counts, metrics and replay all take the policy from
+here). The namespace's labels are read by the shell (kf_culler/kube/namespaces.py) and passed in.
+docs/configuration.md, "Policy rules".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kf_culler.config import DEFAULT_RULE, OVERRIDE_RULE_PREFIX, LabelSelector, Policy, RuleMatch, Settings
-from kf_culler.notebook import NotebookView, metadata_of
+from kf_culler.model import InputError
+from kf_culler.notebook import NotebookView, gpu_count, metadata_of, server_type
+from kf_culler.record import CullerRecord
 
 
 def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
@@ -73,3 +80,49 @@ def select_for(notebook: dict[str, Any], pod: dict[str, Any] | None, namespace_l
             return settings.overrides[ns], OVERRIDE_RULE_PREFIX + ns
         return settings.policy, DEFAULT_RULE
     return select(NotebookView.of(notebook, pod, settings.policy, node=node), namespace_labels, settings)
+
+
+def policy_of(notebook: dict[str, Any], pod: dict[str, Any] | None, settings: Settings,
+              namespace_labels: Mapping[str, str] | None = None, node: dict[str, Any] | None = None
+              ) -> tuple[Policy, str]:
+    """`select_for`, and for objects that are not a notebook at all, the namespace's override or the top level
+    (deciding such a notebook says what is wrong with it)."""
+    try:
+        return select_for(notebook, pod, namespace_labels, settings, node)
+    except InputError:
+        ns = metadata_of(notebook).get("namespace") if isinstance(notebook, dict) else None
+        if isinstance(ns, str) and ns in settings.overrides:
+            return settings.overrides[ns], OVERRIDE_RULE_PREFIX + ns
+        return settings.policy, DEFAULT_RULE
+
+
+@dataclass(frozen=True)
+class Selected:
+    """One notebook as a pass sees it: its view, the policy chosen for it, and what chose that policy."""
+
+    view: NotebookView
+    policy: Policy
+    rule: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return str(self.view.namespace), str(self.view.name)
+
+
+def _reads_alike(a: Policy, b: Policy) -> bool:
+    """Whether a view read with `a` is the view read with `b` (the policy keys a view depends on)."""
+    return a.gpu_resources == b.gpu_resources and a.server_type_by_image == b.server_type_by_image
+
+
+def selection(notebook: dict[str, Any], pod: dict[str, Any] | None, settings: Settings, *,
+              namespace_labels: Mapping[str, str] | None = None, node: dict[str, Any] | None = None,
+              record: CullerRecord | None = None, access_problem: str | None = None) -> Selected:
+    """The notebook read once, its policy chosen from that reading, and the view completed for the chosen
+    policy (its GPU count and server type, when the policy counts GPUs or images differently from the top
+    level). InputError when the objects are not a notebook and a pod at all."""
+    view = NotebookView.of(notebook, pod, settings.policy, node=node, record=record, access_problem=access_problem)
+    policy, rule = select(view, namespace_labels, settings)
+    if not _reads_alike(policy, settings.policy):
+        view = dataclasses.replace(view, server_type=server_type(notebook, policy),
+                                   gpus=gpu_count(notebook, pod, policy.gpu_resources))
+    return Selected(view, policy, rule)

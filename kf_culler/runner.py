@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kf_culler.config import Settings
+from kf_culler.brakes import BrakeState
+from kf_culler.config import Policy, Settings
 from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, utcnow
+from kf_culler.kube.brakes import released_at
 from kf_culler.kube.cache import ClusterCache
 from kf_culler.kube.istio import PolicyKeeper
 from kf_culler.kube.pairing import Orphan
@@ -21,7 +23,9 @@ from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer
 from kf_culler.memory import settle as settle_memory
 from kf_culler.plan import EVENT_CONTESTED, EVENT_ORPHAN, EventSpec
+from kf_culler.policy import policy_of
 from kf_culler.sources.bulk import BulkSource
+from kf_culler.timeutil import format_time
 
 log = logging.getLogger("kf_culler")
 
@@ -112,6 +116,16 @@ class Runner:
     gpu_contested: list[tuple[str, str, str]] = field(default_factory=list)
     _contested_told: set[tuple[str, str, str]] = field(default_factory=set)
     _event_writer: Writer | None = None
+    brake_state: BrakeState = field(default_factory=BrakeState)  # the brakes' memory (kf_culler/brakes.py)
+
+    def policy_of(self, notebook: dict[str, Any]) -> Policy:
+        """The policy the culler gives a notebook outside a pass (long-stopped counts, GPU-hour accounting):
+        kf_culler/policy.py, with the namespace's labels when rules read them."""
+        labels = None
+        if self.settings.needs_namespace_labels and self.namespace_labels is not None:
+            meta = notebook.get("metadata")
+            labels = self.namespace_labels(str(meta.get("namespace")) if isinstance(meta, dict) else "")
+        return policy_of(notebook, None, self.settings, labels)[0]
 
     def build_cycle(self) -> Cycle:
         if self._sources is None:
@@ -139,6 +153,10 @@ class Runner:
             cycle.service_problem = self.cache.service_problem
         if self.policies is not None and self.policies.enabled:
             cycle.access_problem = self.policies.access_problem
+        cycle.brakes = self.settings.operations.brakes.limits
+        cycle.brake_state = self.brake_state
+        if self.brake_state.held_until is not None and not self.dry_run:  # an admin may have released the hold
+            cycle.released_at = released_at(self.api, self.records_namespace or own_namespace(), self.clock())
         return cycle
 
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:
@@ -169,6 +187,7 @@ class Runner:
         cycle.on_written = cache.record_notebook
         snapshot = cache.snapshot()
         result = cycle.run(snapshot)
+        self._keep_brakes(result)
         self._keep_records(snapshot)
         self._report_orphans(snapshot, result.now)
         self._report_contested(snapshot, result.now)
@@ -181,6 +200,24 @@ class Runner:
             self.on_cycle(result)
         settle_memory()  # kf_culler/memory.py
         return result
+
+    def _keep_brakes(self, result: CycleResult) -> None:
+        """Remember what the brakes saw for the next pass, and say loudly when they hold stops."""
+        braked = result.brakes
+        if braked is None:
+            return
+        was_held = self.brake_state.held_until is not None
+        self.brake_state = braked.state
+        if braked.trips:
+            log.warning("brakes: holding every stop until %s: %s", format_time(braked.state.held_until)
+                        if braked.state.held_until else "the end of this pass", braked.why,
+                        extra={"brakes": "held", "trips": list(braked.trips)})
+        elif was_held and braked.state.held_until is None:
+            log.warning("brakes: stops resume (the hold ran out or an admin released it)",
+                        extra={"brakes": "released"})
+        if braked.deferred_stops or braked.deferred_warnings:
+            log.info("brakes: %d stops and %d warnings left for the next pass (per-pass caps)",
+                     len(braked.deferred_stops), len(braked.deferred_warnings))
 
     def _keep_records(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> None:
         """After a pass: forget the records of notebooks that are gone, then store the pass's deferred record

@@ -17,6 +17,7 @@ from kf_culler.rule_check import loosening_rule_warnings
 from kf_culler.runner import Runner, gpu_history_warning
 from kf_culler.stopped import long_stopped_in
 from kf_culler.telemetry import setup_logging, setup_tracing
+from kf_culler.timeutil import format_time
 from kf_culler.verdict_api import VerdictApi
 from kf_culler.verdicts import VerdictStore
 
@@ -56,12 +57,12 @@ def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None =
 
     def on_cycle(result: CycleResult) -> None:
         metrics.observe_cycle(result)
+        metrics.observe_brakes(result.brakes)
         if store is not None:
             store.update(result)
         if elector is not None:
             metrics.leader.set(1 if elector.is_leader() else 0)
         if runner.cache is not None:
-            gpu_resources = runner.settings.policy.gpu_resources
             items = runner.cache.snapshot()
             owns = runner.owns
             if owns is not None:  # with shards, each replica accounts for its own shards' notebooks
@@ -78,8 +79,10 @@ def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None =
                 found = records.get(str((nb.get("metadata") or {}).get("uid"))) if records is not None else None
                 return found is not None and found.stopped_at is not None
 
-            metrics.account_reclaimed(items, result.now, gpu_resources, ours, orphaned)
-            metrics.observe_long_stopped(long_stopped_in(runner.settings, (nb for nb, _ in items), result.now))
+            metrics.account_reclaimed(items, result.now, lambda nb: runner.policy_of(nb).gpu_resources, ours,
+                                      orphaned)
+            metrics.observe_long_stopped(long_stopped_in(runner.settings, (nb for nb, _ in items), result.now,
+                                                         runner.policy_of))
         log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)
 
     runner.on_result, runner.on_cycle = on_result, on_cycle
@@ -95,6 +98,9 @@ def readiness(runner: Runner, shards: ShardManager | None = None) -> tuple[bool,
         detail = f"; shards held: {held} of {shards.count} ({shards.live_replicas} live replicas)"
     if runner.cache is None or not runner.cache.synced:
         return False, "notebook cache not synced" + detail
+    if runner.brake_state.held_until is not None:  # ready (passes go on), and says so where admins look
+        detail += f"; brakes: holding every stop until {format_time(runner.brake_state.held_until)}: " \
+                  f"{runner.brake_state.why} (kf-culler release-brakes ends it)"
     if runner.cycles and time.monotonic() - runner.last_cycle_end > 3 * period + 60:
         return False, "no pass completed recently" + detail
     return True, "ready" + detail
@@ -119,7 +125,8 @@ def serve(runner: Runner, opts: Options) -> int:
         from kf_culler.replay.recorder import TraceRecorder
 
         recorder = TraceRecorder(opts.record, hash_key=opts.record_hash_key,
-                                 check_period_seconds=runner.settings.operations.check_period_seconds)
+                                 check_period_seconds=runner.settings.operations.check_period_seconds,
+                                 label_keys=runner.settings.selector_label_keys)
         runner.on_observed = recorder.record
     if opts.leader_elect:
         namespace = opts.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"

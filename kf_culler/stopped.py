@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kf_culler.config import Settings
+from kf_culler.config import Policy, Settings
 from kf_culler.model import STOP_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION
 from kf_culler.notebook import annotations_of, as_dict, gpu_count, metadata_of
+from kf_culler.policy import policy_of
 from kf_culler.timeutil import format_time, parse_time
 
 
@@ -52,9 +53,9 @@ def volumes(notebook: object) -> tuple[str, ...]:
 
 
 def long_stopped(notebooks: Iterable[dict[str, Any]], now: datetime, days: float,
-                 gpu_resources: Callable[[str], tuple[str, ...]]) -> list[LongStopped]:
-    """Notebooks stopped more than `days` ago, longest first. `gpu_resources(namespace)`: the resources that
-    make a notebook a GPU notebook in that namespace's policy."""
+                 gpu_resources: Callable[[dict[str, Any]], tuple[str, ...]]) -> list[LongStopped]:
+    """Notebooks stopped more than `days` ago, longest first. `gpu_resources(notebook)`: the resources that
+    make a notebook a GPU notebook in its policy."""
     out = []
     for nb in notebooks:
         since = stopped_since(nb)
@@ -63,15 +64,19 @@ def long_stopped(notebooks: Iterable[dict[str, Any]], now: datetime, days: float
         meta = metadata_of(nb)
         ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         by = annotations_of(nb).get(STOPPED_BY_ANNOTATION)
-        out.append(LongStopped(ns, name, gpu_count(nb, None, gpu_resources(ns)), since,
+        out.append(LongStopped(ns, name, gpu_count(nb, None, gpu_resources(nb)), since,
                                (now - since).total_seconds() / 86400, volumes(nb),
                                by if isinstance(by, str) else None))
     return sorted(out, key=lambda s: (s.stopped_at, s.namespace, s.name))
 
 
-def long_stopped_in(settings: Settings, notebooks: Iterable[dict[str, Any]], now: datetime) -> list[LongStopped]:
+def long_stopped_in(settings: Settings, notebooks: Iterable[dict[str, Any]], now: datetime,
+                    policy_for: Callable[[dict[str, Any]], Policy] | None = None) -> list[LongStopped]:
     """`long_stopped` over the notebooks of the namespaces the configuration selects, with its
-    `longStoppedDays` and each namespace's `gpuResources`."""
+    `longStoppedDays` and each notebook's policy's `gpuResources`. `policy_for`: the culler's choice of a
+    notebook's policy (Runner.policy_of, which knows namespace labels); default kf_culler/policy.py without
+    namespace labels."""
     ops = settings.operations
     chosen = (nb for nb in notebooks if ops.namespaces.selects(str(metadata_of(nb).get("namespace", ""))))
-    return long_stopped(chosen, now, ops.long_stopped_days, lambda ns: settings.policy_for(ns).gpu_resources)
+    choose = policy_for or (lambda nb: policy_of(nb, None, settings)[0])
+    return long_stopped(chosen, now, ops.long_stopped_days, lambda nb: choose(nb).gpu_resources)

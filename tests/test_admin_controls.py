@@ -57,7 +57,7 @@ def test_long_stopped_lists_past_the_limit_with_gpus_and_volumes() -> None:
              _nb("old-cpu", {STOP_ANNOTATION: "x", STOPPED_AT_ANNOTATION: "2026-10-20T00:00:00Z"}),
              _nb("recent", {STOP_ANNOTATION: "2026-11-20T00:00:00Z"}, gpus=1),
              _nb("running", {})]
-    found = long_stopped(items, NOW, 30, lambda _ns: ("nvidia.com/gpu",))
+    found = long_stopped(items, NOW, 30, lambda _nb: ("nvidia.com/gpu",))
     assert [(s.name, s.gpus, s.volumes) for s in found] == [("old-gpu", 2, ("home", "data")), ("old-cpu", 0, ())]
     assert found[0].days == 59.5
     metrics = Metrics()

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kf_culler.config import load_mapping
 from kf_culler.decide import decide
 from kf_culler.model import InputError
+from kf_culler.policy import policy_of
 from kf_culler.scenario import verdict_for_document
 
 BASE = json.loads((Path(__file__).parent / "scenarios" / "01-jupyter-idle-kernel.json").read_text())
@@ -273,16 +274,16 @@ def test_the_rule_that_decides_is_the_table_entry_with_that_id(title: str, chang
     from kf_culler.notebook import NotebookView
     from kf_culler.record import parse_record
     from kf_culler.rules import RULES
-    from kf_culler.rules.evidence import gather
+    from kf_culler.rules.evidence import read_evidence
     from kf_culler.timeutil import parse_time
 
     doc = scenario(**changes)
     now = parse_time(doc["now"])
     assert now is not None
-    policy = load_mapping(doc["config"], "test").policy_for(doc["notebook"]["metadata"]["namespace"])
+    policy = policy_of(doc["notebook"], doc["pod"], load_mapping(doc["config"], "test"))[0]
     view = NotebookView.of(doc["notebook"], doc["pod"], policy, record=parse_record(doc.get("cullerRecord")),
                            access_problem=doc.get("accessProblem"))
-    ev = gather(view, doc["observations"], policy, now)
+    ev = read_evidence(view, doc["observations"], policy, now)
     entry, verdict = next((r, v) for r in RULES if (v := r.check(ev, policy, now)) is not None)
     assert verdict.rule == entry.id == rule
 

@@ -141,7 +141,7 @@ def test_concurrent_edit_is_not_lost(api: Any, namespace: str, router: Router,
     time.sleep(3.5)
     runner = Runner(settings_for(router, namespace), api)
 
-    def other_writer(now: datetime, nb: dict[str, Any], pod: Any, observations: Any) -> None:
+    def other_writer(now: datetime, nb: dict[str, Any], pod: Any, observations: Any, context: Any) -> None:
         # Another controller edits the notebook after the culler read it and before it writes.
         obj.patch_annotations(api, namespace, nb["metadata"]["name"], {"team.example.com/owner": "kim"})
 

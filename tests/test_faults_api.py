@@ -132,7 +132,8 @@ def test_api_server_killed_mid_pass_and_restarted(cluster: LocalCluster, api: An
                                                   faulty: FaultyServer) -> None:
     names = [f"nb-{i}" for i in range(6)]
     make(api, ns, *names)
-    runner = Runner(load_mapping(settings_for(faulty, ns), "test"), api)
+    # One write at a time, so that "after the second notebook's write" is a place in the pass.
+    runner = Runner(load_mapping({**settings_for(faulty, ns), "writesInFlight": 1}, "test"), api)
     killed_after: list[str] = []
 
     def kill_after_two(result: NotebookResult) -> None:
@@ -203,7 +204,7 @@ def test_conflict_on_every_first_patch(api: Any, ns: str, faulty: FaultyServer) 
              "nb-user-stopped": {"team.example.com/owner": "kim", STOP_ANNOTATION: "2026-01-01T00:00:00Z"}}
     runner = Runner(load_mapping(settings_for(faulty, ns, allowExempt=True), "test"), api)
 
-    def other_writer(now: datetime, nb: dict[str, Any], pod: Any, observations: Any) -> None:
+    def other_writer(now: datetime, nb: dict[str, Any], pod: Any, observations: Any, context: Any) -> None:
         obj.patch_annotations(api, ns, nb["metadata"]["name"], dict(other[nb["metadata"]["name"]]))
 
     runner.on_observed = other_writer
@@ -247,7 +248,7 @@ def test_a_stop_lands_despite_a_users_write_loop(api: Any, ns: str, faulty: Faul
             extra = {KEEP_UNTIL_ANNOTATION: format_time(datetime.now(UTC) + timedelta(hours=2))}
         obj.patch_annotations(api, ns, name, {"team.example.com/tick": str(gets[name]), **extra})
 
-    runner.on_observed = lambda now, nb, pod, observations: user_write(nb["metadata"]["name"])
+    runner.on_observed = lambda now, nb, pod, observations, context: user_write(nb["metadata"]["name"])
     runner.start_cache(30)
     assert runner.cache is not None
     try:
@@ -283,7 +284,7 @@ def test_notebook_deleted_between_gather_and_apply(api: Any, ns: str, faulty: Fa
     make(api, ns, "nb-a", "nb-b-gone", "nb-c")
     runner = Runner(load_mapping(settings_for(faulty, ns), "test"), api)
 
-    def delete_one(now: datetime, nb: dict[str, Any], pod: Any, observations: Any) -> None:
+    def delete_one(now: datetime, nb: dict[str, Any], pod: Any, observations: Any, context: Any) -> None:
         if nb["metadata"]["name"] == "nb-b-gone":
             from kubernetes import client
 

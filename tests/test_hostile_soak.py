@@ -49,7 +49,7 @@ def test_ordinary_notebooks_are_culled_on_time_beside_hostile_ones(api: Any, nam
         now = [start]
         runner = Runner(settings, api, clock=lambda: now[0])
 
-        def hostile_user(_now: datetime, nb: dict[str, Any], pod: Any, observations: Any) -> None:
+        def hostile_user(_now: datetime, nb: dict[str, Any], pod: Any, observations: Any, _context: Any) -> None:
             name = nb["metadata"]["name"]
             if name == FORGER:  # the culler's marks, rewritten before every decision
                 obj.patch_annotations(api, namespace, name, {

@@ -367,7 +367,8 @@ def test_bindings_give_the_roles_to_the_pods_service_account(overlay: str) -> No
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_record_is_kept_only_in_the_cullers_namespace_and_only_in_its_buckets(overlay: str) -> None:
     """The culler's record (rule 15): ConfigMaps in its own namespace; reading by name and patching only the
-    buckets kf-culler-records-00..15; no delete; read-only in the dry-run overlay."""
+    buckets kf-culler-records-00..15, and reading the admin's brake release kf-culler-brakes; no delete;
+    read-only in the dry-run overlay."""
     from kf_culler.kube.records import bucket_names
 
     objs = render(f"overlays/{overlay}")
@@ -378,8 +379,11 @@ def test_the_record_is_kept_only_in_the_cullers_namespace_and_only_in_its_bucket
         return
     assert grants(role) == {("", "configmaps"): {"list", "watch", "create", "get", "patch"}}
     for rule in role["rules"]:
-        if set(rule["verbs"]) & {"get", "patch"}:
+        if "patch" in rule["verbs"]:
             assert rule.get("resourceNames") == bucket_names()
+        elif "get" in rule["verbs"]:
+            assert rule == {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["kf-culler-brakes"],
+                            "verbs": ["get"]}
 
 
 # --- configuration --------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def test_reclaimed_gpu_time_counts_only_the_cullers_own_stops_of_unorphaned_note
         return nb["metadata"]["uid"] in ("ours", "orphaned")
 
     for t in (now, now + timedelta(hours=1)):
-        metrics.account_reclaimed(items, t, ("nvidia.com/gpu",), recorded, frozenset({("ns", "orphaned")}))
+        metrics.account_reclaimed(items, t, lambda _nb: ("nvidia.com/gpu",), recorded, frozenset({("ns", "orphaned")}))
     assert metrics.registry.get_sample_value("kf_culler_gpu_hours_reclaimed_total") == pytest.approx(1.0, abs=0.01)
 
 

@@ -207,7 +207,7 @@ def test_timeline_of_one_notebook(trace: Path, config: Path) -> None:
 
 def check(rule: Any, memo: dict[str, Any], observations: dict[str, Any], minute: int,
           started: int = 0) -> str:
-    return str(rule.check(memo, notebook("x"), pod("x"), observations, at(minute), at(started)).action)
+    return str(rule.check(memo, notebook("x"), pod("x"), observations, at(minute), at(started), {}).action)
 
 
 def test_kubeflow_rule_counts_no_answer_and_no_kernels_as_never_active() -> None:
@@ -235,7 +235,7 @@ def test_gpu_only_rule_reads_utilisation_only() -> None:
     assert check(rule, memo, {"gpu": {"error": "no metrics"}}, 110) == "stop"
     cpu = notebook("c")
     cpu["spec"]["template"]["spec"]["containers"][0]["resources"] = {}
-    assert rule.check({}, cpu, None, {}, at(500), at(0)).action == "keep"
+    assert rule.check({}, cpu, None, {}, at(500), at(0), {}).action == "keep"
 
 
 def test_rule_names_and_parameters(config: Path) -> None:

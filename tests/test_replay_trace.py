@@ -162,9 +162,10 @@ def test_recorder_appends_and_writes_one_header(tmp_path: Path) -> None:
     assert all(r.truth is None for r in got)
     assert "notebook" not in json.loads(lines[2])  # unchanged object not repeated
     assert "notebook" in json.loads(lines[3])  # a new recorder writes it again
-    # minimized by default: no labels, managedFields, env, or annotations the decision does not read
+    # minimized by default: no managedFields, env, or annotations the decision does not read; the labels
+    # stay (a policy rule's notebookSelector reads them)
     nb = got[0].notebook
-    assert "labels" not in nb["metadata"] and "managedFields" not in nb["metadata"]
+    assert nb["metadata"]["labels"] == {"owner": "alice"} and "managedFields" not in nb["metadata"]
     assert "env" not in nb["spec"]["template"]["spec"]["containers"][0]
     assert "notebooks.kubeflow.org/creator" not in nb["metadata"]["annotations"]
 
@@ -183,11 +184,18 @@ def test_recorder_hashes_names_everywhere(tmp_path: Path) -> None:
     o = {"jupyter": {"error": "GET http://secret-nb.secret-team.svc.cluster.local/notebook/secret-team/"
                               "secret-nb/api/status: connection refused"},
          "gpu": {"error": "no series for pod secret-nb-0"}}
-    with TraceRecorder(path, hash_key=b"k1") as rec:
-        rec.record(T0, notebook("secret-nb", "secret-team"), pod("secret-nb", "secret-team"), o)
+    labelled = notebook("secret-nb", "secret-team")
+    labelled["metadata"]["labels"]["tier"] = "gpu-a"
+    context = {"namespaceLabels": {"kubernetes.io/metadata.name": "secret-team", "team": "vision"}}
+    with TraceRecorder(path, hash_key=b"k1", label_keys=frozenset({"tier", "team"})) as rec:
+        rec.record(T0, labelled, pod("secret-nb", "secret-team"), o, context)
     with open_text(path, "r") as f:
         text = f.read()
     assert "secret" not in text and "alice" not in text
+    # only the label keys the rules select on are kept, in clear, so a replay chooses the same policies
+    first = next(iter(read_trace(path)[1]))
+    assert first.notebook["metadata"]["labels"] == {"tier": "gpu-a"}
+    assert first.context == {"namespaceLabels": {"team": "vision"}}
     h, records = read_trace(path)
     assert h.hashed
     r = next(iter(records))

@@ -124,6 +124,9 @@ class _FakeRunner:
     def close(self) -> None:
         pass
 
+    def policy_of(self, notebook: dict[str, Any]) -> Any:
+        return self.settings.policy
+
 
 def test_check_prints_the_warnings(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(cli, "_synced_runner", lambda args: _FakeRunner())

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from kf_culler.kube.backoff import with_backoff
 from kf_culler.record import CullerRecord, parse_record, record_json
 
 log = logging.getLogger(__name__)
@@ -146,9 +147,9 @@ class RecordStore:
         body = {"data": values}
         for _ in range(3):
             try:
-                self.core.patch_namespaced_config_map(bucket, self.namespace, body,
-                                                      _content_type="application/merge-patch+json",
-                                                      _request_timeout=REQUEST_TIMEOUT)
+                with_backoff(lambda: self.core.patch_namespaced_config_map(
+                    bucket, self.namespace, body, _content_type="application/merge-patch+json",
+                    _request_timeout=REQUEST_TIMEOUT))
                 self.writes += 1
                 return True
             except ApiException as err:
@@ -169,7 +170,8 @@ class RecordStore:
                                              "(docs/architecture.md); written by the culler only"}},
                 "data": {}}
         try:
-            self.core.create_namespaced_config_map(self.namespace, body, _request_timeout=REQUEST_TIMEOUT)
+            with_backoff(lambda: self.core.create_namespaced_config_map(self.namespace, body,
+                                                                        _request_timeout=REQUEST_TIMEOUT))
             return True
         except ApiException as err:
             if err.status == 409:  # created meanwhile (another replica)

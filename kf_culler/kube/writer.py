@@ -1,7 +1,9 @@
-"""Writes: one JSON merge patch per notebook (carrying resourceVersion, re-planned on 409) and Events."""
+"""Writes: one JSON merge patch per notebook (carrying resourceVersion, re-planned on 409) and Events; every
+request backs off on 429 (kf_culler/kube/backoff.py). Safe to call from several threads at once."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -13,6 +15,7 @@ from typing import Any, Literal
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_none
 
 from kf_culler.kube import GROUP, PLURAL, VERSION
+from kf_culler.kube.backoff import with_backoff
 from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
 from kf_culler.plan import EventSpec, Plan
 from kf_culler.timeutil import format_time
@@ -72,8 +75,8 @@ class Writer:
                 with attempt:
                     if attempt.retry_state.attempt_number > 1:  # the previous patch conflicted
                         try:
-                            current = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
-                                                                               _request_timeout=REQUEST_TIMEOUT)
+                            current = with_backoff(lambda: self.custom.get_namespaced_custom_object(
+                                GROUP, VERSION, ns, PLURAL, name, _request_timeout=REQUEST_TIMEOUT))
                         except ApiException as gone:
                             result.outcome = "gone" if gone.status == 404 else "failed"
                             result.error = None if gone.status == 404 else f"HTTP {gone.status}: {gone.reason}"
@@ -93,9 +96,9 @@ class Writer:
                         "annotations": todo.annotations}}
                     try:
                         if todo.annotations:
-                            current = self.custom.patch_namespaced_custom_object(
-                                GROUP, VERSION, ns, PLURAL, name, body,
-                                _content_type="application/merge-patch+json", _request_timeout=REQUEST_TIMEOUT)
+                            current = with_backoff(functools.partial(
+                                self.custom.patch_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name, body,
+                                _content_type="application/merge-patch+json", _request_timeout=REQUEST_TIMEOUT))
                             self.patches += 1
                     except ApiException as err:
                         if err.status == 404:
@@ -129,8 +132,8 @@ class Writer:
         from kubernetes.client.rest import ApiException
 
         try:
-            fresh = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
-                                                             _request_timeout=REQUEST_TIMEOUT)
+            fresh = with_backoff(lambda: self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, name, _request_timeout=REQUEST_TIMEOUT))
         except Exception:
             return None
         todo = replan(fresh)
@@ -153,9 +156,9 @@ class Writer:
                 ops.append({"op": "remove", "path": _pointer(key)})
         result.attempts += 1
         try:
-            patched: dict[str, Any] = self.custom.patch_namespaced_custom_object(
+            patched: dict[str, Any] = with_backoff(lambda: self.custom.patch_namespaced_custom_object(
                 GROUP, VERSION, ns, PLURAL, name, ops, _content_type="application/json-patch+json",
-                _request_timeout=REQUEST_TIMEOUT)
+                _request_timeout=REQUEST_TIMEOUT))
         except ApiException as err:
             if err.status in (409, 422):  # a decision input changed meanwhile: the next pass decides again
                 result.conflicts += 1
@@ -184,7 +187,7 @@ class Writer:
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "action": spec.reason,
         }
         try:
-            self.core.create_namespaced_event(ns, body, _request_timeout=REQUEST_TIMEOUT)
+            with_backoff(lambda: self.core.create_namespaced_event(ns, body, _request_timeout=REQUEST_TIMEOUT))
             self.events += 1
             return "created"
         except ApiException as err:

@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_when_event_set, wait_exponential
 
@@ -30,6 +29,9 @@ from kf_culler.notify.fairqueue import FairQueue, RateLimited
 from kf_culler.notify.message import Notice, payload, render
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
 from kf_culler.timeutil import format_time
+
+if TYPE_CHECKING:
+    from kf_culler.cycle import NotebookResult
 
 log = logging.getLogger("kf_culler.notify")
 FAILED_EVENT = "NotificationFailed"
@@ -68,12 +70,11 @@ def _parse(value: object) -> datetime | None:
 
 
 class Notifier:
-    def __init__(self, settings: Notifications, owners: Any = None, metrics: Any = None, api_client: Any = None,
-                 max_extend: Callable[[str], float] = lambda _ns: 0.0) -> None:
+    def __init__(self, settings: Notifications, owners: Any = None, metrics: Any = None, api_client: Any = None
+                 ) -> None:
         self.settings = settings
         self.owners = owners  # kf_culler.kube.owners.OwnerLookup, for email
         self.metrics = metrics  # kf_culler.metrics.Metrics (duck-typed: .notifications counter)
-        self.max_extend = max_extend
         self.events: Any = None  # kf_culler.kube.events.EventRecorder, for failed notices
         if api_client is not None:
             from kf_culler.kube.events import EventRecorder
@@ -98,13 +99,14 @@ class Notifier:
             from kf_culler.kube.owners import OwnerLookup
 
             owners = OwnerLookup(api_client, n.email.owner_cache_seconds, n.email.profile_owner)
-        notifier = cls(n, owners, metrics, api_client, lambda ns: settings.policy_for(ns).max_extend_minutes)
+        notifier = cls(n, owners, metrics, api_client)
         notifier.start()
         return notifier
 
     # -- the pass's side: never blocks --------------------------------------------------------------
-    def offer_result(self, result: Any) -> bool:
-        notice = notice_for(result, self.max_extend(result.namespace))
+    def offer_result(self, result: NotebookResult) -> bool:
+        policy = result.policy  # the policy the pass chose for it (kf_culler/policy.py)
+        notice = notice_for(result, policy.max_extend_minutes if policy is not None else 0.0)
         return notice is not None and self.offer(notice)
 
     def offer(self, notice: Notice) -> bool:

@@ -11,7 +11,7 @@ from typing import TextIO
 from kf_culler.config import ConfigError
 from kf_culler.replay.fleet import BEHAVIOURS, DEFAULT_START, FleetSpec, write_fleet
 from kf_culler.replay.report import render, summary, timeline_text
-from kf_culler.replay.rules import PolicyRule, make_rules
+from kf_culler.replay.rules import ConfiguredPolicy, make_rules
 from kf_culler.replay.simulate import replay
 from kf_culler.replay.trace import TraceError
 from kf_culler.timeutil import parse_time
@@ -76,7 +76,7 @@ def replay_command(*, trace: str, config: str | None, compare: list[str], plot: 
     except ConfigError as err:
         print(f"kf-culler replay: {err}", file=stderr)
         return 2
-    resources = rules[0].settings.policy.gpu_resources if isinstance(rules[0], PolicyRule) else (
+    resources = rules[0].settings.policy.gpu_resources if isinstance(rules[0], ConfiguredPolicy) else (
         "nvidia.com/gpu",)
     try:
         result = replay(trace, rules, restart_delay_minutes=restart_delay_minutes,

@@ -1,7 +1,8 @@
 """TraceRecorder: append what the culler observed to a trace file, so a real week can be replayed.
 
-`kf-culler run --record FILE` calls `recorder.record(now, notebook, pod, observations)` once per notebook
-per check. The file is append-only: a restarted culler appends to the same trace. With a hash key,
+`kf-culler run --record FILE` calls `recorder.record(now, notebook, pod, observations, context)` once per
+notebook per check (`context`: the namespace's labels and the Node's GPU model, what the policy choice
+reads beyond the two objects). The file is append-only: a restarted culler appends to the same trace. With a hash key,
 namespaces and names are replaced by keyed hashes (HMAC-SHA256), and objects are cut down to the
 fields the decision reads, so a trace can leave the cluster.
 """
@@ -17,35 +18,57 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from kf_culler.config import GPU_MODEL_LABEL
 from kf_culler.model import LAST_ACTIVITY_ANNOTATION, PREFIX, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
-from kf_culler.notebook import annotations_of, as_dict, metadata_of, pod_containers, template_containers
+from kf_culler.notebook import (
+    annotations_of,
+    as_dict,
+    containers,
+    metadata_of,
+    pod_containers,
+    string_labels,
+    template_containers,
+)
 from kf_culler.replay.trace import TraceHeader, TraceWriter, notebook_id, open_text, read_header
 
 _KEPT = (STOP_ANNOTATION, SERVER_TYPE_ANNOTATION, LAST_ACTIVITY_ANNOTATION)
-Objects = tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]
+Objects = tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any], dict[str, Any]]
 
 
 def _keep_annotation(key: str) -> bool:
     return key.startswith(PREFIX) or key in _KEPT
 
 
+def _slim(c: dict[str, Any], keys: tuple[str, ...] = ("name", "image", "resources", "restartPolicy")
+          ) -> dict[str, Any]:
+    return {k: c[k] for k in keys if k in c}
+
+
 def minimal_notebook(notebook: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a Notebook the decision reads: identity, the annotations that matter, containers'
-    images and resources, status. Labels, managedFields, env and volumes are dropped."""
+    """The parts of a Notebook the decision and the policy choice read: identity, labels (policy rules'
+    notebookSelector), the annotations that matter, containers' and init containers' images and resources
+    (native sidecars hold GPUs too), the node selector's GPU model, status. managedFields, env and volumes
+    are dropped."""
     meta = metadata_of(notebook)
     ann = annotations_of(notebook)
     out_meta: dict[str, Any] = {k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp")
                                 if k in meta}
     out_meta["annotations"] = {k: v for k, v in ann.items() if _keep_annotation(str(k))}
-    containers = [
-        {k: c[k] for k in ("name", "image", "resources") if k in c}
-        for c in template_containers(notebook)
-    ]
+    labels = string_labels(notebook)
+    if labels:
+        out_meta["labels"] = labels
+    pod_spec = as_dict(as_dict(as_dict(notebook.get("spec")).get("template")).get("spec"))
+    spec: dict[str, Any] = {"containers": [_slim(c) for c in template_containers(notebook)]}
+    init = [_slim(c) for c in containers(notebook, "spec", "template", "spec", "initContainers")]
+    if init:
+        spec["initContainers"] = init
+    if isinstance(pod_spec.get("nodeSelector"), dict):
+        spec["nodeSelector"] = {k: v for k, v in pod_spec["nodeSelector"].items() if k == GPU_MODEL_LABEL}
     out: dict[str, Any] = {
         "apiVersion": notebook.get("apiVersion", "kubeflow.org/v1"),
         "kind": notebook.get("kind", "Notebook"),
         "metadata": out_meta,
-        "spec": {"template": {"spec": {"containers": containers}}},
+        "spec": {"template": {"spec": spec}},
     }
     if isinstance(notebook.get("status"), dict):
         status = notebook["status"]
@@ -54,15 +77,19 @@ def minimal_notebook(notebook: dict[str, Any]) -> dict[str, Any]:
 
 
 def minimal_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a pod the decision reads: identity, containers' resources, phase and start time."""
+    """The parts of a pod the decision reads: identity, containers' and init containers' resources, phase and
+    start time."""
     meta = metadata_of(pod)
     status = as_dict(pod.get("status"))
+    spec: dict[str, Any] = {"containers": [_slim(c, ("name", "resources")) for c in pod_containers(pod)]}
+    init = [_slim(c, ("name", "resources", "restartPolicy")) for c in containers(pod, "spec", "initContainers")]
+    if init:
+        spec["initContainers"] = init
     return {
         "apiVersion": pod.get("apiVersion", "v1"),
         "kind": pod.get("kind", "Pod"),
         "metadata": {k: meta[k] for k in ("name", "namespace") if k in meta},
-        "spec": {"containers": [{k: c[k] for k in ("name", "resources") if k in c}
-                                for c in pod_containers(pod)]},
+        "spec": spec,
         "status": {k: status[k] for k in ("phase", "startTime") if k in status},
     }
 
@@ -117,10 +144,15 @@ class TraceRecorder:
       hashes, objects are cut down to the fields the decision reads (`minimal_notebook`, `minimal_pod`),
       and error messages are scrubbed.
     minimize: cut objects down even without hashing (default), which keeps traces small.
+    label_keys: with a hash key, the only Notebook and namespace label keys kept (their values in clear):
+      those the configuration's policy rules select on (Settings.selector_label_keys), so a replay chooses
+      the same policies; every other label is dropped. Without a hash key every label is kept.
     """
 
     def __init__(self, path: str | Path, *, hash_key: bytes | str | None = None, minimize: bool = True,
-                 check_period_seconds: float = 60, flush_every: int = 1000) -> None:
+                 check_period_seconds: float = 60, flush_every: int = 1000,
+                 label_keys: frozenset[str] = frozenset()) -> None:
+        self._label_keys = label_keys
         self.path = Path(path)
         if isinstance(hash_key, str):
             hash_key = hash_key.encode("utf-8")
@@ -146,29 +178,36 @@ class TraceRecorder:
         return TraceWriter(self._stream, new_header)
 
     def record(self, now: datetime, notebook: dict[str, Any], pod: dict[str, Any] | None,
-               observations: dict[str, Any]) -> None:
+               observations: dict[str, Any], context: dict[str, Any] | None = None) -> None:
         """Append one notebook's check. Objects are not modified."""
-        nb, p, obs = self._prepare(notebook, pod, observations)
+        nb, p, obs, ctx = self._prepare(notebook, pod, observations, context or {})
         with self._lock:
             if self._writer is None:
                 self._writer = self._open(now)
-            self._writer.write(now, nb, p, obs)
+            self._writer.write(now, nb, p, obs, context=ctx)
             if self._writer.records % self._flush_every == 0:
                 self._writer.flush()
 
     def _prepare(self, notebook: dict[str, Any], pod: dict[str, Any] | None,
-                 observations: dict[str, Any]) -> Objects:
+                 observations: dict[str, Any], context: dict[str, Any]) -> Objects:
         if not self._minimize:
-            return notebook, pod, observations
+            return notebook, pod, observations, context
         nb = minimal_notebook(notebook)
         p = minimal_pod(pod) if isinstance(pod, dict) else None
         if self._hasher is None:
-            return nb, p, observations
+            return nb, p, observations, context
+        keep = self._label_keys
+        context = dict(context)
+        if "namespaceLabels" in context:
+            context["namespaceLabels"] = {k: v for k, v in context["namespaceLabels"].items() if k in keep}
         ns, name = notebook_id(nb).split("/", 1)
         hns, hname = self._hasher.namespace(ns), self._hasher.name(ns, name)
         nb = copy.deepcopy(nb)
         nb["metadata"].update(namespace=hns, name=hname)
         nb["metadata"].pop("uid", None)
+        labels = {k: v for k, v in nb["metadata"].pop("labels", {}).items() if k in keep}
+        if labels:
+            nb["metadata"]["labels"] = labels
         for i, c in enumerate(nb["spec"]["template"]["spec"]["containers"]):
             c["name"] = f"container-{i}"
         if p is not None:
@@ -179,7 +218,7 @@ class TraceRecorder:
         # longest first, so `name-0` and `name` do not leave a half-replaced string
         replacements = sorted([(f"{name}-0", f"{hname}-0"), (name, hname), (ns, hns)],
                               key=lambda r: -len(r[0]))
-        return nb, p, _scrub_errors(observations, replacements)
+        return nb, p, _scrub_errors(observations, replacements), context
 
     def flush(self) -> None:
         with self._lock:

@@ -11,14 +11,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 from kf_culler.config import ConfigError, Policy, Settings, load_file, load_mapping
 from kf_culler.decide import decide, gpu_count
 from kf_culler.model import InputError
+from kf_culler.policy import policy_of
 from kf_culler.timeutil import format_time, parse_time
 
 
@@ -39,15 +41,17 @@ class Rule(Protocol):
         """How many minutes of GPU samples the rule is given (0: the record's own, as they are)."""
         ...
 
-    def gpu_thresholds(self, notebook: dict[str, Any]) -> tuple[float, float] | None:
+    def gpu_thresholds(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
+                       context: Mapping[str, Any]) -> tuple[float, float] | None:
         """(util %, memory MiB) at which a GPU sample shows work for this notebook, when the rule's
         verdict depends on its samples only through decide's reading of them; None: give all samples."""
         ...
 
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
-              observations: dict[str, Any], now: datetime, started: datetime) -> Check:
+              observations: dict[str, Any], now: datetime, started: datetime, context: Mapping[str, Any]) -> Check:
         """The verdict for one notebook whose pod runs since `started`. `memo` is this rule's state for
-        this notebook (empty at the first check)."""
+        this notebook (empty at the first check); `context` is the record's (the namespace's labels, the
+        Node's GPU model)."""
         ...
 
 
@@ -57,8 +61,10 @@ def _namespace(notebook: dict[str, Any]) -> str:
 
 
 @dataclass
-class PolicyRule:
-    """kf-culler's decision, `kf_culler.decide.decide`, with the policy of a configuration file."""
+class ConfiguredPolicy:
+    """kf-culler's decision, `kf_culler.decide.decide`, with the policy a configuration file gives each
+    notebook: chosen as `kf-culler run` chooses it (kf_culler/policy.py: namespaceOverrides, then `rules`,
+    then the top level), from the recorded notebook, pod and context."""
 
     name: str
     settings: Settings
@@ -77,17 +83,31 @@ class PolicyRule:
         return max(self.settings.operations.prometheus.lookback_minutes,
                    min(gpu_window_minutes(self.settings), 24 * 60))
 
-    def gpu_thresholds(self, notebook: dict[str, Any]) -> tuple[float, float] | None:
-        gpu = self.settings.policy_for(_namespace(notebook)).gpu
+    def policy(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
+               context: Mapping[str, Any]) -> Policy:
+        """The notebook's policy, chosen again only when the notebook, pod or context object changed."""
+        seen = memo.get("policy")
+        if seen is not None and seen[0] is notebook and seen[1] is pod and seen[2] is context:
+            return cast(Policy, seen[3])
+        labels = context.get("namespaceLabels")
+        node = context.get("node")
+        chosen = policy_of(notebook, pod, self.settings, labels if isinstance(labels, dict) else None,
+                           node if isinstance(node, dict) else None)[0]
+        memo["policy"] = (notebook, pod, context, chosen)
+        return chosen
+
+    def gpu_thresholds(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
+                       context: Mapping[str, Any]) -> tuple[float, float] | None:
+        gpu = self.policy(memo, notebook, pod, context).gpu
         return gpu.util_percent, gpu.memory_mib
 
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
-              observations: dict[str, Any], now: datetime, started: datetime) -> Check:
+              observations: dict[str, Any], now: datetime, started: datetime, context: Mapping[str, Any]) -> Check:
         namespace = _namespace(notebook)
         ops = self.settings.operations
         if not ops.namespaces.selects(namespace):
             return Check("keep", "exempt", "namespace not selected by this configuration")
-        policy = self.settings.policy_for(namespace)
+        policy = self.policy(memo, notebook, pod, context)
         if ops.gpu_only and gpu_count(notebook, pod, policy.gpu_resources) == 0:
             return Check("keep", "exempt", "gpuOnly: the notebook has no GPU")
         self.calls += 1
@@ -117,11 +137,12 @@ class KubeflowKernelRule:
     name: str = "kubeflow-kernel"
     gpu_lookback_minutes: float = 0  # reads no GPU
 
-    def gpu_thresholds(self, notebook: dict[str, Any]) -> tuple[float, float] | None:
+    def gpu_thresholds(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
+                       context: Mapping[str, Any]) -> tuple[float, float] | None:
         return None
 
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
-              observations: dict[str, Any], now: datetime, started: datetime) -> Check:
+              observations: dict[str, Any], now: datetime, started: datetime, context: Mapping[str, Any]) -> Check:
         if memo.get("started") != started:  # a new pod: last-activity starts again
             memo["started"], memo["last"] = started, started
         kernels = _kernels(observations.get("jupyter"))
@@ -168,11 +189,12 @@ class GpuOnlyRule:
     def gpu_lookback_minutes(self) -> float:
         return self.idle_minutes + 10
 
-    def gpu_thresholds(self, notebook: dict[str, Any]) -> tuple[float, float] | None:
+    def gpu_thresholds(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
+                       context: Mapping[str, Any]) -> tuple[float, float] | None:
         return None
 
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
-              observations: dict[str, Any], now: datetime, started: datetime) -> Check:
+              observations: dict[str, Any], now: datetime, started: datetime, context: Mapping[str, Any]) -> Check:
         if memo.get("gpus") is None or memo.get("pod") is not pod:
             memo["gpus"], memo["pod"] = gpu_count(notebook, pod, self.resources), pod
         if not memo["gpus"]:
@@ -219,17 +241,17 @@ def make_rule(spec: str, primary: Policy) -> Rule:
         return GpuOnlyRule(minutes, util, name=f"gpu-only ({minutes:g} min, <{util:g} %)",
                            resources=primary.gpu_resources)
     if spec == "defaults":
-        return PolicyRule("defaults", load_mapping({}, "defaults"))
+        return ConfiguredPolicy("defaults", load_mapping({}, "defaults"))
     path = Path(spec)
     if not path.exists() and head in BUILTINS:
         raise ConfigError(f"{spec}: bad parameters (kubeflow-kernel[:MINUTES], gpu-only[:MINUTES[:UTIL]])")
-    return PolicyRule(path.stem, load_file(path))
+    return ConfiguredPolicy(path.stem, load_file(path))
 
 
 def make_rules(config: str | None, compare: list[str]) -> list[Rule]:
     """The primary rule (config, or the built-in defaults) first, then the compared ones, names unique."""
     primary = make_rule(config or "defaults", Policy())
-    base = primary.settings.policy if isinstance(primary, PolicyRule) else Policy()
+    base = primary.settings.policy if isinstance(primary, ConfiguredPolicy) else Policy()
     rules: list[Rule] = [primary] + [make_rule(c, base) for c in compare]
     seen: dict[str, int] = {}
     for rule in rules:

@@ -31,7 +31,7 @@ from kf_culler.model import STOP_ANNOTATION
 from kf_culler.notebook import annotations_of, gpu_count, metadata_of, running_since
 from kf_culler.readings import Unreadable, parse_gpu
 from kf_culler.replay.fleet import BEHAVIOUR_LABEL
-from kf_culler.replay.rules import Check, PolicyRule, Rule
+from kf_culler.replay.rules import Check, ConfiguredPolicy, Rule
 from kf_culler.replay.trace import Record, TraceHeader, read_trace
 from kf_culler.timeutil import format_time, parse_time
 
@@ -398,7 +398,7 @@ def replay(path: str | Path, rules: list[Rule], *, restart_delay_minutes: float 
         tallies=[{k: nb.runs[i].tally for k, nb in nbs.items()} for i in range(n_rules)],
         stops=stops, truth_known=truth_known, records=count,
         seconds=wallclock.perf_counter() - started_at,
-        decide_calls=sum(r.calls for r in rules if isinstance(r, PolicyRule)),
+        decide_calls=sum(r.calls for r in rules if isinstance(r, ConfiguredPolicy)),
         timeline=timeline, timeline_id=timeline_id,
     )
 
@@ -439,9 +439,10 @@ def _step(rule: Rule, run: _Run, nb: _Nb, rec: Record, now: datetime, delay: tim
             run.pod_cache = (pod, started, _with_start(pod, started))
         pod = run.pod_cache[2]
     if lookback and "gpu" in obs:
-        obs = nb.gpu.window(obs, now, max(now - lookback, started), rule.gpu_thresholds(rec.notebook))
+        thresholds = rule.gpu_thresholds(run.memo, rec.notebook, pod, rec.context)
+        obs = nb.gpu.window(obs, now, max(now - lookback, started), thresholds)
     tally.checks += 1
-    check = rule.check(run.memo, rec.notebook, pod, obs, now, started)
+    check = rule.check(run.memo, rec.notebook, pod, obs, now, started, rec.context)
     if check.action == "warn" and run.last_action != "warn":
         tally.warnings += 1
     run.last_action = check.action

@@ -1,8 +1,10 @@
 """The trace format: JSON Lines, one header line, then one record per notebook per check time.
 
 A record carries what the culler saw of one notebook at one check: its Notebook object and pod
-(written only when they changed since that notebook's previous record), the observations in the
-scenario shapes, and, in synthetic traces only, the ground truth. See docs/replay.md.
+(written only when they changed since that notebook's previous record), what chose its policy beyond
+those two (`context`: the namespace's labels, the GPU model of the pod's Node; written when it
+changed), the observations in the scenario shapes, and, in synthetic traces only, the ground truth.
+See docs/replay.md.
 
 Files whose name ends in `.gz` are read and written gzip-compressed.
 """
@@ -87,12 +89,14 @@ class Record:
     evaluates (a stopped notebook's are never needed).
     """
 
-    __slots__ = ("_obs", "_obs_text", "id", "line", "notebook", "path", "pod", "time", "truth")
+    __slots__ = ("_obs", "_obs_text", "context", "id", "line", "notebook", "path", "pod", "time", "truth")
 
     def __init__(self, time: datetime, id: str, notebook: dict[str, Any], pod: dict[str, Any] | None,
                  observations: dict[str, Any] | None, truth: Truth | None = None, line: int = 0,
-                 observations_text: str | None = None, path: str = "") -> None:
+                 observations_text: str | None = None, path: str = "", context: dict[str, Any] | None = None
+                 ) -> None:
         self.time = time
+        self.context = context or {}  # namespaceLabels, node: what the policy choice reads (kf_culler/policy.py)
         self.id = id  # "namespace/name"
         self.notebook = notebook
         self.pod = pod
@@ -151,6 +155,7 @@ class TraceWriter:
         self._out = stream
         self._notebooks: dict[str, dict[str, Any]] = {}
         self._pods: dict[str, dict[str, Any] | None] = {}
+        self._contexts: dict[str, dict[str, Any]] = {}
         self.records = 0
         self._time: datetime | None = None
         self._stamp = ""
@@ -158,7 +163,8 @@ class TraceWriter:
             self._out.write(_dumps(header.to_dict()) + "\n")
 
     def write(self, now: datetime, notebook: dict[str, Any], pod: dict[str, Any] | None,
-              observations: dict[str, Any], truth: Truth | None = None) -> None:
+              observations: dict[str, Any], truth: Truth | None = None,
+              context: dict[str, Any] | None = None) -> None:
         key = notebook_id(notebook)
         if now != self._time:
             self._time, self._stamp = now, format_time(now)
@@ -172,6 +178,9 @@ class TraceWriter:
         if key not in self._pods or (self._pods[key] is not pod and self._pods[key] != pod):
             rec["pod"] = pod
             self._pods[key] = pod
+        if context is not None and self._contexts.get(key, {}) != context:
+            rec["context"] = context
+            self._contexts[key] = context
         rec["observations"] = observations  # last: a reader may leave it undecoded until needed
         self._out.write(_dumps(rec) + "\n")
         self.records += 1
@@ -180,6 +189,7 @@ class TraceWriter:
         """Forget a notebook (deleted): its next record writes its objects again."""
         self._notebooks.pop(key, None)
         self._pods.pop(key, None)
+        self._contexts.pop(key, None)
 
     def flush(self) -> None:
         self._out.flush()
@@ -218,6 +228,7 @@ _PLAIN = re.compile(r'\{"time":"([^"\\]{1,64})","id":"([^"\\]{1,400})",'
 def _records(path: str | Path) -> Iterator[Record]:
     notebooks: dict[str, dict[str, Any]] = {}
     pods: dict[str, dict[str, Any] | None] = {}
+    contexts: dict[str, dict[str, Any]] = {}
     last_time: dict[str, datetime] = {}
     times: dict[str, datetime | None] = {}
     loads = json.loads
@@ -257,6 +268,11 @@ def _records(path: str | Path) -> Iterator[Record]:
                     if pod is not None and not isinstance(pod, dict):
                         raise TraceError(f"{where}: 'pod' must be an object or null")
                     pods[key] = pod
+                if "context" in doc:
+                    context = doc["context"]
+                    if not isinstance(context, dict):
+                        raise TraceError(f"{where}: 'context' must be an object")
+                    contexts[key] = context
                 raw_obs = doc.get("observations", {})
                 if not isinstance(raw_obs, dict):
                     raise TraceError(f"{where}: 'observations' must be an object")
@@ -278,4 +294,4 @@ def _records(path: str | Path) -> Iterator[Record]:
                 raise TraceError(f"{path} line {n}: {key} goes back in time ({format_time(now)} after "
                                  f"{format_time(previous)})")
             last_time[key] = now
-            yield Record(now, key, notebooks[key], pods.get(key), obs, truth, n, obs_text, name)
+            yield Record(now, key, notebooks[key], pods.get(key), obs, truth, n, obs_text, name, contexts.get(key))

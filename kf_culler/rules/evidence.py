@@ -145,7 +145,7 @@ def _clock(view: NotebookView, ide: IdeReading | None, gpu: GpuReading | None, n
     return Clock(started, since, min(max(work + connections), now), min(max(work), now))
 
 
-def gather(view: NotebookView, observations: dict[str, Any], policy: Policy, now: datetime) -> Evidence:
+def read_evidence(view: NotebookView, observations: dict[str, Any], policy: Policy, now: datetime) -> Evidence:
     """Read every source once (rules 4, 6, 7, 8). Never raises for a broken observation."""
     kind = for_server_type(view.server_type)
     ide_source = kind.source if kind is not None else None

@@ -24,7 +24,7 @@ from kf_culler.model import (
 )
 from kf_culler.notebook import NotebookView, pod_trouble
 from kf_culler.record import CullerRecord
-from kf_culler.rules.evidence import Clock, Evidence, gather
+from kf_culler.rules.evidence import Clock, Evidence, read_evidence
 from kf_culler.timeutil import add_minutes, format_time, parse_time
 from kf_culler.timeutil import clock_text as hhmm
 from kf_culler.timeutil import duration_text as minutes
@@ -434,7 +434,7 @@ def _named_unknown(ev: Evidence, verdict: Verdict) -> Verdict:
 
 def decide_view(view: NotebookView, observations: dict[str, Any], policy: Policy, now: datetime) -> Verdict:
     """The verdict for a notebook already unwrapped into its view (what a pass builds once)."""
-    ev = gather(view, observations, policy, now)
+    ev = read_evidence(view, observations, policy, now)
     for rule in RULES:
         verdict = rule.check(ev, policy, now)
         if verdict is not None:

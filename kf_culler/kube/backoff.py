@@ -1,0 +1,48 @@
+"""API calls that back off when the API server says "too many requests" (429, API Priority and Fairness).
+
+A pass that warns or stops thousands of notebooks writes with several requests in flight; when the API
+server's fairness queues are full it answers 429 with a Retry-After. Such a write waits and is sent again,
+rather than failing or being retried at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+
+T = TypeVar("T")
+ATTEMPTS = 6  # the first try and five more after a 429
+MAX_WAIT_SECONDS = 10.0  # a Retry-After longer than this is waited this long
+
+
+def _throttled(err: BaseException) -> bool:
+    return getattr(err, "status", None) == 429
+
+
+def _retry_after(err: BaseException | None) -> float | None:
+    headers: Any = getattr(err, "headers", None)
+    try:
+        value = headers.get("Retry-After") if headers is not None else None
+        return float(value) if value is not None else None
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _wait(state: RetryCallState) -> float:
+    """The server's Retry-After (at least 0.1 s, at most MAX_WAIT_SECONDS), else 0.5 s doubled per attempt."""
+    err = state.outcome.exception() if state.outcome is not None else None
+    asked = _retry_after(err)
+    if asked is not None:
+        return min(max(asked, 0.1), MAX_WAIT_SECONDS)
+    return min(0.5 * 2.0 ** (state.attempt_number - 1), MAX_WAIT_SECONDS)
+
+
+def with_backoff(call: Callable[[], T], sleep: Callable[[float], None] | None = None) -> T:
+    """`call()`, sent again after a 429 as the server asks, at most ATTEMPTS times in all; any other error,
+    and the last 429, are raised as they are."""
+    kwargs: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
+    retrying = Retrying(stop=stop_after_attempt(ATTEMPTS), retry=retry_if_exception(_throttled), wait=_wait,
+                        reraise=True, **kwargs)
+    return retrying(call)

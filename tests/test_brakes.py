@@ -1,0 +1,312 @@
+"""The brakes (kf_culler/brakes.py): mass verdict changes hold the stops; per-pass caps. Pure, no clock."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes, limits_problem
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+LIMITS = BrakeLimits()
+
+
+def minutes(m: float) -> datetime:
+    return T0 + timedelta(minutes=m)
+
+
+def nb(
+    namespace: str,
+    name: str,
+    state: str = "active",
+    action: str = "keep",
+    *,
+    gpu: bool = True,
+    running: bool = True,
+    stop_at: datetime | None = None,
+) -> Seen:
+    return Seen(namespace, name, running=running, gpu=gpu, state=state, action=action, stop_at=stop_at)
+
+
+def fleet(
+    namespaces: int = 10,
+    per: int = 5,
+    prefix: str = "team",
+    state: str = "active",
+    action: str = "keep",
+    *,
+    gpu: bool = True,
+    running: bool = True,
+) -> list[Seen]:
+    return [
+        nb(f"{prefix}-{i}", f"nb-{j}", state, action, gpu=gpu, running=running)
+        for i in range(namespaces)
+        for j in range(per)
+    ]
+
+
+def gpu_zero() -> tuple[Outcome, list[Seen]]:
+    """10 namespaces × 5 GPU notebooks all active at T0, all idle at T0+5 min (nb-0 of each also a stop)."""
+    first = apply_brakes(fleet(), BrakeState(), LIMITS, T0)
+    assert first.trips == () and not first.held
+    zeroed = [replace(s, state="idle", action="stop" if s.name == "nb-0" else "keep") for s in fleet()]
+    return apply_brakes(zeroed, first.state, LIMITS, minutes(5)), zeroed
+
+
+def stop_keys(seen: list[Seen]) -> frozenset[tuple[str, str]]:
+    return frozenset((s.namespace, s.name) for s in seen if s.action == "stop")
+
+
+def test_fleet_wide_gpu_zero_trips_and_holds_the_stops_of_that_pass() -> None:
+    out, zeroed = gpu_zero()
+    assert out.trips == ("newly-idle:gpu",)
+    assert out.shares["newly-idle:gpu"] == 1.0
+    assert out.shares["stops"] == pytest.approx(0.2)  # one stop in five per namespace: not a trip by itself
+    assert out.held
+    assert out.held_stops == stop_keys(zeroed) and len(out.held_stops) == 10
+    assert out.deferred_stops == frozenset()
+    assert out.why == out.state.why
+    assert out.why == (
+        "100 % of running GPU notebooks in 10 namespaces turned idle in one pass (newly-idle:gpu over 50 %)"
+    )
+    assert out.state.held_until == minutes(65)
+    assert out.state.tripped_at == minutes(5)
+
+
+def test_the_hold_covers_later_passes_within_hold_minutes_and_lets_warnings_out() -> None:
+    out, zeroed = gpu_zero()
+    # 40 minutes on: the same notebooks still idle and still stops (not newly), others now warned.
+    later = [replace(s, action="warn") if s.action == "keep" else s for s in zeroed]
+    second = apply_brakes(later, out.state, LIMITS, minutes(45))
+    assert second.trips == ()
+    assert second.held and second.why == out.why
+    assert second.held_stops == stop_keys(later)
+    assert second.deferred_warnings == frozenset()  # warnings are not held
+    assert second.state.held_until == minutes(65)  # no new trip: not extended
+    # A held stop is remembered as a stop: it does not count as newly a stop in the next pass.
+    assert second.state.last[("team-0", "nb-0")] == ("idle", "stop")
+    assert second.shares["stops"] == 0.0
+
+
+def test_the_hold_expires_by_itself_after_hold_minutes() -> None:
+    out, zeroed = gpu_zero()
+    just_before = apply_brakes(zeroed, out.state, LIMITS, minutes(65) - timedelta(seconds=1))
+    assert just_before.held and just_before.held_stops == stop_keys(zeroed)
+    expired = apply_brakes(zeroed, just_before.state, LIMITS, minutes(65))
+    assert expired.trips == ()
+    assert not expired.held and expired.why is None
+    assert expired.held_stops == frozenset()
+    assert expired.state.held_until is None and expired.state.why is None
+    assert expired.state.tripped_at == minutes(5)  # the last trip stays on record
+
+
+def test_a_later_trip_extends_the_hold() -> None:
+    out, zeroed = gpu_zero()
+    everyone_stops = [replace(s, action="stop") for s in zeroed]  # 4 of 5 newly stops in every namespace
+    again = apply_brakes(everyone_stops, out.state, LIMITS, minutes(30))
+    assert again.trips == ("stops",)
+    assert again.held and again.held_stops == stop_keys(everyone_stops)
+    assert again.state.held_until == minutes(90)
+    assert again.why is not None and "came due to stop" in again.why and "80 %" in again.why
+
+
+def test_an_admin_release_ends_the_hold() -> None:
+    out, zeroed = gpu_zero()
+    released = apply_brakes(zeroed, out.state, LIMITS, minutes(10), released_at=minutes(6))
+    assert not released.held and released.held_stops == frozenset() and released.why is None
+    assert released.state.held_until is None
+
+
+def test_a_release_older_than_the_trip_does_not_end_it() -> None:
+    out, zeroed = gpu_zero()
+    stale = apply_brakes(zeroed, out.state, LIMITS, minutes(10), released_at=minutes(4))
+    assert stale.held and stale.held_stops == stop_keys(zeroed)
+
+
+def test_a_release_covers_the_stops_of_the_notebooks_it_confirmed() -> None:
+    """The GPU zero trips newly-idle:gpu; the admin releases the hold before the notebooks come due; when they
+    come due together, the `stops` signal does not trip again for them: the admin confirmed their idleness."""
+    out, zeroed = gpu_zero()
+    released = apply_brakes(zeroed, out.state, LIMITS, minutes(8), released_at=minutes(6))
+    assert not released.held and released.state.acknowledged == stop_keys(
+        [replace(s, action="stop") for s in zeroed])
+    everyone_stops = [replace(s, action="stop") for s in zeroed]
+    due = apply_brakes(everyone_stops, released.state, LIMITS, minutes(10), released_at=minutes(6))
+    assert due.trips == () and not due.held and due.held_stops == frozenset()
+
+
+def test_without_a_release_the_notebooks_coming_due_trip_again() -> None:
+    out, zeroed = gpu_zero()
+    everyone_stops = [replace(s, action="stop") for s in zeroed]
+    again = apply_brakes(everyone_stops, out.state, LIMITS, minutes(10))
+    assert again.trips == ("stops",) and again.held
+    assert again.state.held_until == minutes(70) and again.state.tripped_at == minutes(10)
+    # A release older than the new trip does not end it.
+    after = apply_brakes(everyone_stops, again.state, LIMITS, minutes(15), released_at=minutes(6))
+    assert after.held
+
+
+def test_an_acknowledged_notebook_seen_active_again_counts_again() -> None:
+    out, zeroed = gpu_zero()
+    released = apply_brakes(zeroed, out.state, LIMITS, minutes(8), released_at=minutes(6))
+    back = apply_brakes(fleet(), released.state, LIMITS, minutes(9))  # every GPU works again
+    assert back.state.acknowledged == frozenset()
+    idle_again = apply_brakes(zeroed, back.state, LIMITS, minutes(10))
+    assert idle_again.trips == ("newly-idle:gpu",) and idle_again.held
+
+
+def test_one_tenant_with_500_notebooks_cannot_trip_a_hold() -> None:
+    steady = fleet(namespaces=9, per=3)
+    big = [nb("big", f"nb-{j}") for j in range(500)]
+    first = apply_brakes(steady + big, BrakeState(), LIMITS, T0)
+    flipped = [replace(s, state="idle", action="stop") for s in big]
+    out = apply_brakes(steady + flipped, first.state, LIMITS, minutes(5))
+    # Each namespace weighs once: 1/10, not 500/527 as a count of notebooks would say.
+    assert out.shares["newly-idle:gpu"] == pytest.approx(0.1)
+    assert out.shares["stops"] == pytest.approx(0.1)
+    assert out.trips == ()
+    assert not out.held and out.held_stops == frozenset()
+    assert out.deferred_stops == frozenset()  # 500 stops, the default cap 500
+
+
+def test_the_weighting_is_a_mean_of_per_namespace_shares() -> None:
+    before = [nb("a", "1"), nb("a", "2"), nb("b", "1"), nb("c", "1"), nb("c", "2"), nb("c", "3"), nb("c", "4")]
+    first = apply_brakes(before, BrakeState(), LIMITS, T0)
+    now = [
+        replace(s, state="idle") if (s.namespace, s.name) in {("a", "1"), ("b", "1"), ("c", "1")} else s for s in before
+    ]
+    out = apply_brakes(now, first.state, LIMITS, minutes(5))
+    assert out.shares["newly-idle:gpu"] == pytest.approx((1 / 2 + 1 + 1 / 4) / 3)
+    assert out.trips == ("newly-idle:gpu",)  # 0.583 > 0.5 over 3 namespaces
+
+
+def test_a_first_pass_on_a_big_idle_fleet_trips_stops() -> None:
+    stopping = fleet(namespaces=6, per=20, prefix="idle", state="idle", action="stop")
+    quiet = fleet(namespaces=4, per=20, prefix="busy")
+    out = apply_brakes(stopping + quiet, BrakeState(), LIMITS, T0)
+    assert out.trips == ("stops",)
+    assert out.shares["stops"] == pytest.approx(0.6)
+    assert out.shares["newly-idle:gpu"] == 0.0  # nothing remembered: nothing is newly idle
+    assert out.held and out.held_stops == stop_keys(stopping) and len(out.held_stops) == 120
+    assert out.deferred_stops == frozenset()
+
+
+def test_stops_in_exactly_half_the_namespaces_do_not_trip() -> None:
+    stopping = fleet(namespaces=5, per=2, prefix="idle", state="idle", action="stop")
+    quiet = fleet(namespaces=5, per=2, prefix="busy")
+    out = apply_brakes(stopping + quiet, BrakeState(), LIMITS, T0)
+    assert out.shares["stops"] == pytest.approx(0.5)
+    assert out.trips == () and not out.held
+
+
+@pytest.mark.parametrize(("namespaces", "trips"), [(2, ()), (3, ("newly-idle:gpu",))])
+def test_min_namespaces(namespaces: int, trips: tuple[str, ...]) -> None:
+    first = apply_brakes(fleet(namespaces=namespaces), BrakeState(), LIMITS, T0)
+    idle = fleet(namespaces=namespaces, state="idle")
+    out = apply_brakes(idle, first.state, BrakeLimits(min_namespaces=3), minutes(5))
+    assert out.shares["newly-idle:gpu"] == 1.0
+    assert out.trips == trips
+
+
+def test_a_jupyter_upgrade_that_makes_every_ide_no_signal_trips() -> None:
+    before = fleet(namespaces=4, per=3, gpu=False)
+    first = apply_brakes(before, BrakeState(), LIMITS, T0)
+    out = apply_brakes([replace(s, state="no-signal") for s in before], first.state, LIMITS, minutes(5))
+    assert out.trips == ("newly-no-signal",)
+    assert out.shares["newly-idle:ide"] == 0.0 and out.shares["newly-no-signal"] == 1.0
+    # Still no-signal a pass later: not newly, nothing trips again.
+    later = apply_brakes([replace(s, state="no-signal") for s in before], out.state, LIMITS, minutes(10))
+    assert later.trips == () and later.held
+
+
+def test_ide_notebooks_turning_idle_trip_their_own_signal() -> None:
+    before = fleet(namespaces=4, per=2, gpu=False) + fleet(namespaces=4, per=2, prefix="gpu")
+    first = apply_brakes(before, BrakeState(), LIMITS, T0)
+    now = [replace(s, state="idle") if not s.gpu else s for s in before]
+    out = apply_brakes(now, first.state, LIMITS, minutes(5))
+    assert out.trips == ("newly-idle:ide",)
+    assert out.shares["newly-idle:gpu"] == 0.0
+
+
+def test_notebooks_without_a_running_pod_are_not_in_the_populations() -> None:
+    before = fleet(namespaces=4, per=2, running=False)
+    first = apply_brakes(before, BrakeState(), LIMITS, T0)
+    out = apply_brakes([replace(s, state="idle", action="stop") for s in before], first.state, LIMITS, minutes(5))
+    assert out.shares == {"newly-idle:gpu": 0.0, "newly-idle:ide": 0.0, "newly-no-signal": 0.0, "stops": 0.0}
+    assert out.trips == () and not out.held
+
+
+def test_the_stop_cap_defers_the_latest_due_and_lets_the_earliest_through() -> None:
+    seen = [
+        nb("b", "late", "idle", "stop", stop_at=minutes(30)),
+        nb("a", "none", "idle", "stop"),
+        nb("a", "early", "idle", "stop", stop_at=minutes(1)),
+        nb("z", "tie", "idle", "stop", stop_at=minutes(10)),
+        nb("c", "tie", "idle", "stop", stop_at=minutes(10)),
+        nb("a", "keep"),
+    ]
+    out = apply_brakes(seen, BrakeState(), BrakeLimits(enabled=False, max_stops_per_pass=3), minutes(40))
+    assert not out.held and out.held_stops == frozenset()
+    assert out.deferred_stops == {("b", "late"), ("a", "none")}  # let through: early, c/tie, z/tie
+    capped = apply_brakes(seen, BrakeState(), BrakeLimits(enabled=False, max_stops_per_pass=2), minutes(40))
+    assert capped.deferred_stops == {("b", "late"), ("a", "none"), ("z", "tie")}
+    uncapped = apply_brakes(seen, BrakeState(), BrakeLimits(enabled=False, max_stops_per_pass=0), minutes(40))
+    assert uncapped.deferred_stops == frozenset()
+
+
+def test_the_warning_cap_defers_the_rest_held_or_not() -> None:
+    warned = [nb(f"ns-{i}", "nb", "idle", "warn", stop_at=minutes(60 - i)) for i in range(5)]
+    limits = BrakeLimits(max_warnings_per_pass=2)
+    out = apply_brakes(warned, BrakeState(), limits, T0)
+    assert not out.held
+    assert out.deferred_warnings == {("ns-0", "nb"), ("ns-1", "nb"), ("ns-2", "nb")}  # ns-4, ns-3 are due first
+    held = BrakeState(held_until=minutes(30), why="a trip", tripped_at=T0)
+    during = apply_brakes(warned, held, limits, minutes(1))
+    assert during.held and during.held_stops == frozenset()
+    assert during.deferred_warnings == out.deferred_warnings
+    assert apply_brakes(warned, BrakeState(), BrakeLimits(max_warnings_per_pass=0), T0).deferred_warnings == set()
+
+
+def test_disabled_brakes_neither_trip_nor_hold_but_still_cap() -> None:
+    limits = BrakeLimits(enabled=False, max_stops_per_pass=20)
+    first = apply_brakes(fleet(), BrakeState(), limits, T0)
+    everyone = [replace(s, state="idle", action="stop", stop_at=minutes(j)) for j, s in enumerate(fleet())]
+    out = apply_brakes(everyone, first.state, limits, minutes(5))
+    assert out.shares["newly-idle:gpu"] == 1.0 and out.shares["stops"] == 1.0
+    assert out.trips == () and not out.held and out.held_stops == frozenset()
+    assert len(out.deferred_stops) == 30
+    assert out.deferred_stops == {(s.namespace, s.name) for s in everyone[20:]}
+    # A hold from before the brakes were disabled is dropped.
+    earlier = BrakeState(held_until=minutes(60), why="a trip", tripped_at=T0)
+    dropped = apply_brakes(everyone, earlier, limits, minutes(5))
+    assert not dropped.held and dropped.state.held_until is None
+
+
+def test_a_trip_holds_its_own_pass_even_with_hold_minutes_zero() -> None:
+    limits = BrakeLimits(hold_minutes=0)
+    stopping = fleet(state="idle", action="stop")
+    out = apply_brakes(stopping, BrakeState(), limits, T0)
+    assert out.trips == ("stops",) and out.held and len(out.held_stops) == 50
+    after = apply_brakes(stopping, out.state, limits, minutes(1))
+    assert not after.held and after.held_stops == frozenset()
+
+
+def test_limits_problem() -> None:
+    assert limits_problem(BrakeLimits()) is None
+    for bad in (0.0, 1.5, -0.1, math.nan):
+        problem = limits_problem(BrakeLimits(fleet_fraction=bad))
+        assert problem is not None and "brakes.fleetFraction" in problem
+    assert "brakes.minNamespaces" in (limits_problem(BrakeLimits(min_namespaces=0)) or "")
+    assert "brakes.holdMinutes" in (limits_problem(BrakeLimits(hold_minutes=-1)) or "")
+    assert "brakes.holdMinutes" in (limits_problem(BrakeLimits(hold_minutes=math.nan)) or "")
+    assert "brakes.maxStopsPerPass" in (limits_problem(BrakeLimits(max_stops_per_pass=-1)) or "")
+    assert "brakes.maxWarningsPerPass" in (limits_problem(BrakeLimits(max_warnings_per_pass=-1)) or "")
+    one_tenant = limits_problem(BrakeLimits(min_namespaces=2, fleet_fraction=0.5))
+    assert one_tenant is not None
+    assert "brakes.minNamespaces" in one_tenant and "brakes.fleetFraction" in one_tenant
+    assert limits_problem(BrakeLimits(min_namespaces=3, fleet_fraction=0.34)) is None
+    assert limits_problem(BrakeLimits(enabled=False, min_namespaces=1, fleet_fraction=0.5)) is None
+    assert limits_problem(BrakeLimits(fleet_fraction=1.0, min_namespaces=2)) is None
