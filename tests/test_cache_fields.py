@@ -1,0 +1,48 @@
+"""The watch cache keeps exactly the fields the rules read: every scenario (the shared spec's and ours)
+decides the same on the Notebook and pod as the cache keeps them (kf_culler/kube/cache.py `_slim_notebook`,
+`_slim_pod`) as on the whole objects. A rule that starts reading a field the cache drops passes the scenarios
+and sees nothing in the running culler; this test is where that shows."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kf_culler.kube.cache import _slim_notebook, _slim_pod
+from kf_culler.scenario import verdict_for_document
+
+HERE = Path(__file__).resolve().parent
+SCENARIOS = sorted((HERE.parents[1] / "shared" / "scenarios").glob("*.json")) + sorted(
+    (HERE / "scenarios").glob("*.json"))
+
+
+def as_cached(doc: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(doc)
+    out["notebook"] = _slim_notebook(out["notebook"])
+    pod = out.get("pod")
+    if isinstance(pod, dict):
+        meta = pod.setdefault("metadata", {})
+        # the cache keeps only pods a notebook can have: a StatefulSet's (scenario pods may omit the owner)
+        if not any(r.get("kind") == "StatefulSet" for r in meta.get("ownerReferences") or []):
+            meta.setdefault("name", f"{out['notebook']['metadata'].get('name', 'nb')}-0")
+        out["pod"] = _slim_pod(pod)
+        assert out["pod"] is not None, "the cache would drop this notebook's pod"
+    return out
+
+
+def test_there_are_scenarios() -> None:
+    assert len(SCENARIOS) >= 40
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_cached_objects_decide_as_the_whole_ones(path: Path) -> None:
+    doc = json.loads(path.read_text())
+    if not isinstance(doc.get("notebook"), dict):
+        pytest.fail(f"{path.name}: no notebook object")  # every scenario has one
+    whole = verdict_for_document(copy.deepcopy(doc), path.name)
+    cached = verdict_for_document(as_cached(doc), path.name)
+    assert cached.to_dict() == whole.to_dict()
