@@ -65,7 +65,7 @@ def _runner(args: argparse.Namespace, settings: Settings) -> Runner | None:
     except Exception as err:
         print(f"kf-culler {args.command}: cannot load Kubernetes credentials: {err}", file=sys.stderr)
         return None
-    return Runner(settings, api, dry_run=getattr(args, "dry_run", False) or args.command != "run",
+    return Runner(settings, api, dry_run=bool(vars(args).get("dry_run")) or args.command != "run",
                   records_namespace=args.culler_namespace or own_namespace())
 
 

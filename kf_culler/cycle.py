@@ -11,7 +11,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvloop
 from opentelemetry import context as otel_context
@@ -31,9 +31,14 @@ from kf_culler.record import CullerRecord, RecordChange, imported
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
 
+if TYPE_CHECKING:
+    from kf_culler.notify.notifier import Notifier
+
 log = logging.getLogger("kf_culler.cycle")
 NO_PROBE_STATES = ("stopped", "exempt", "starting", "broken")  # broken: rule 14 needs no probe
 Clock = Callable[[], datetime]
+# Told of each probed notebook: (now, notebook, pod, observations, selection context); `run --record`.
+Observer = Callable[[datetime, dict[str, Any], dict[str, Any] | None, dict[str, Any], dict[str, Any]], None]
 T = TypeVar("T")
 
 
@@ -130,10 +135,9 @@ class Cycle:
     on_written: Callable[[dict[str, Any]], None] | None = None
     # Given each probed notebook with its observations and what chose its policy beyond the two objects (the
     # namespace's labels, the GPU model of the pod's Node: `selection_context`), for `--record`.
-    on_observed: Callable[[datetime, dict[str, Any], dict[str, Any] | None, dict[str, Any], dict[str, Any]],
-                          None] | None = None
+    on_observed: Observer | None = None
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("kf_culler"))
-    notifier: Any = None  # kf_culler.notify.notifier.Notifier: offered each write, never blocks the pass
+    notifier: Notifier | None = None  # offered each write, never blocks the pass
     # A namespace's labels (kf_culler/kube/namespaces.py) for policy rules with a namespaceSelector; it
     # answers None when they are unknown. Not set: no namespaceSelector matches.
     namespace_labels: Callable[[str], Mapping[str, str] | None] | None = None

@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kf_culler.brakes import BrakeState
 from kf_culler.config import Policy, Settings
-from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, utcnow
+from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, Observer, utcnow
 from kf_culler.kube.brakes import released_at
 from kf_culler.kube.cache import ClusterCache
 from kf_culler.kube.istio import PolicyKeeper
@@ -26,6 +26,12 @@ from kf_culler.plan import EVENT_CONTESTED, EVENT_ORPHAN, EventSpec
 from kf_culler.policy import policy_of
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.timeutil import format_time
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+    from kf_culler.kube.namespaces import NamespaceLabels
+    from kf_culler.notify.notifier import Notifier
 
 log = logging.getLogger("kf_culler")
 
@@ -95,12 +101,12 @@ class Runner:
     on_result: Callable[[NotebookResult], None] | None = None
     may_write: Callable[[], bool] = lambda: True
     owns: Callable[[str], bool] | None = None  # with shards: this replica holds the namespace's shard now
-    on_observed: Any = None
+    on_observed: Observer | None = None
     cache: ClusterCache | None = None
-    tracer: Any = None
-    notifier: Any = None  # kf_culler.notify.notifier.Notifier (notices of warnings and stops), or None
+    tracer: Tracer | None = None
+    notifier: Notifier | None = None  # notices of warnings and stops, or None
     _sources: tuple[BulkSource | None, BulkSource | None] | None = None
-    namespace_labels: Any = None  # kf_culler.kube.namespaces.NamespaceLabels, made when rules need it
+    namespace_labels: NamespaceLabels | None = None  # made when rules need it
     policies: PolicyKeeper | None = None  # kf-culler-probes per namespace (istio.manageAuthorizationPolicies)
     clock: Clock = utcnow  # where each pass reads the time (tests and replays set it)
     slow: set[tuple[str, str]] = field(default_factory=set)  # notebooks slow to answer last pass

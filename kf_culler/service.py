@@ -13,6 +13,7 @@ from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube.lease import LeaderElector, ShardManager
 from kf_culler.kube.tokens import TokenReviewer
 from kf_culler.metrics import ApiServer, HealthServer, Metrics
+from kf_culler.replay.recorder import TraceRecorder
 from kf_culler.rule_check import loosening_rule_warnings
 from kf_culler.runner import Runner, gpu_history_warning
 from kf_culler.stopped import long_stopped_in
@@ -120,10 +121,8 @@ def serve(runner: Runner, opts: Options) -> int:
     metrics = Metrics()
     elector: LeaderElector | None = None
     shards: ShardManager | None = None
-    recorder: Any = None
+    recorder: TraceRecorder | None = None
     if opts.record:
-        from kf_culler.replay.recorder import TraceRecorder
-
         recorder = TraceRecorder(opts.record, hash_key=opts.record_hash_key,
                                  check_period_seconds=runner.settings.operations.check_period_seconds,
                                  label_keys=runner.settings.selector_label_keys)
@@ -178,7 +177,7 @@ def serve(runner: Runner, opts: Options) -> int:
             elector.stop()
         for server in servers:
             server.stop()
-        if recorder is not None and hasattr(recorder, "close"):
+        if recorder is not None:
             recorder.close()
         if runner.notifier is not None:
             runner.notifier.close()
