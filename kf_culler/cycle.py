@@ -459,7 +459,7 @@ class Cycle:
                                           "kf_culler.conflicts": result.write.conflicts,
                                           "kf_culler.event": result.write.event or "none"})
                     if self.notifier is not None:
-                        self.notifier.offer_result(result)  # reads the written notebook: before it goes
+                        self.notifier.offer_result(result, policy.max_extend_minutes)  # before it goes
                     if self.on_written is not None and result.write.notebook is not None:
                         self.on_written(result.write.notebook)
                         result.write.notebook = None

@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_when_event_set, wait_exponential
 
@@ -29,9 +29,6 @@ from kf_culler.notify.fairqueue import FairQueue, RateLimited
 from kf_culler.notify.message import Notice, payload, render
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
 from kf_culler.timeutil import format_time
-
-if TYPE_CHECKING:
-    from kf_culler.cycle import NotebookResult
 
 log = logging.getLogger("kf_culler.notify")
 FAILED_EVENT = "NotificationFailed"
@@ -104,9 +101,9 @@ class Notifier:
         return notifier
 
     # -- the pass's side: never blocks --------------------------------------------------------------
-    def offer_result(self, result: NotebookResult) -> bool:
-        policy = result.policy  # the policy the pass chose for it (kf_culler/policy.py)
-        notice = notice_for(result, policy.max_extend_minutes if policy is not None else 0.0)
+    def offer_result(self, result: Any, max_extend_minutes: float = 0.0) -> bool:
+        """A pass's result (kf_culler.cycle.NotebookResult), with its policy's maxExtendMinutes."""
+        notice = notice_for(result, max_extend_minutes)
         return notice is not None and self.offer(notice)
 
     def offer(self, notice: Notice) -> bool:
