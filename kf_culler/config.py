@@ -110,8 +110,17 @@ class ProbeSettings(_Model):
 
 
 class Urls(_Model):
+    """Probe URL templates, one per IDE kind probed by URL (its `url_key`, kf_culler/ide.py)."""
+
     jupyter: str = "http://{name}.{namespace}.svc.{clusterDomain}/notebook/{namespace}/{name}/"
     code_server: str = Field(default="http://{name}.{namespace}.svc.{clusterDomain}/", alias="codeServer")
+
+    def template_for(self, url_key: str | None) -> str | None:
+        """The template of a `urls` key (`jupyter`, `codeServer`), or None."""
+        if url_key is None:
+            return None
+        found = self.model_dump(by_alias=True).get(url_key)
+        return found if isinstance(found, str) else None
 
 
 class Namespaces(_Model):

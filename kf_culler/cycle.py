@@ -20,7 +20,7 @@ from opentelemetry import trace
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes
 from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
-from kf_culler.gather import Gathered, Request, gather
+from kf_culler.gather import Gathered, Request, gather, template_for
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer, WriteResult
 from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, WARNED_AT_ANNOTATION, InputError, Verdict
@@ -354,8 +354,7 @@ class Cycle:
         Checked only when the probe URL template goes through the Service (the default templates do)."""
         if self.service_problem is None or source is None:
             return None
-        urls = self.settings.operations.urls
-        template = {"jupyter": urls.jupyter, "codeServer": urls.code_server}.get(source)
+        template = template_for(self.settings.operations, source)
         if template is None or "{name}.{namespace}.svc" not in template:
             return None
         return self.service_problem(nb)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence, Set
+from collections.abc import Awaitable, Callable, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from kf_culler.config import Operations
+from kf_culler.ide import IDE_KINDS
 from kf_culler.sources import codeserver, jupyter
 from kf_culler.sources.bulk import Answers, BulkSource
 from kf_culler.sources.http import Call, Fetcher
@@ -55,16 +56,29 @@ def url_for(template: str, namespace: str, name: str, cluster_domain: str) -> st
     return template.format(name=name, namespace=namespace, clusterDomain=cluster_domain)
 
 
+# The probe of each IDE kind probed by URL (kf_culler/ide.py `url_key`), by its source.
+PROBES: dict[str, Callable[[Fetcher, str], Awaitable[tuple[dict[str, Any], list[Call]]]]] = {
+    "jupyter": jupyter.probe, "codeServer": codeserver.probe}
+_BY_SOURCE = {k.source: k for k in IDE_KINDS}
+# The IDE kinds read from a bulk source instead (RStudio, through Prometheus): `gather`'s `rstudio` source.
+BULK_IDE_SOURCES: tuple[str, ...] = tuple(k.source for k in IDE_KINDS if k.url_key is None)
+
+
+def template_for(ops: Operations, source: str | None) -> str | None:
+    """The URL template of an IDE source, when that IDE is probed by URL."""
+    kind = _BY_SOURCE.get(source or "")
+    return ops.urls.template_for(kind.url_key) if kind is not None else None
+
+
 async def _probe_one(fetcher: Fetcher, ops: Operations, req: Request) -> tuple[dict[str, Any] | None, list[Call]]:
-    template = {"jupyter": ops.urls.jupyter, "codeServer": ops.urls.code_server}.get(req.source or "")
-    if template is None:
+    template = template_for(ops, req.source)
+    probe = PROBES.get(req.source or "")
+    if template is None or probe is None:
         return None, []
     url = url_for(template, req.namespace, req.name, ops.cluster_domain)
     if url is None:
         return {"error": "the notebook's name or namespace is not a DNS label; not probed"}, []
-    if req.source == "jupyter":
-        return await jupyter.probe(fetcher, url)
-    return await codeserver.probe(fetcher, url)
+    return await probe(fetcher, url)
 
 
 ProbeResult = tuple[dict[str, Any] | None, list[Call]]
@@ -108,10 +122,10 @@ async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
     out = Gathered()
     fetcher = Fetcher.open(ops.probe, ops.concurrency)
     try:
-        http_reqs = [r for r in requests if r.source in ("jupyter", "codeServer")]
+        http_reqs = [r for r in requests if r.source in PROBES]
         wanted: list[tuple[str, BulkSource | None, list[Request]]] = [
             ("gpu", gpu, [r for r in requests if r.pod and r.gpu]),
-            ("rstudio", rstudio, [r for r in requests if r.pod and r.source == "rstudio"]),
+            *((source, rstudio, [r for r in requests if r.pod and r.source == source]) for source in BULK_IDE_SOURCES),
         ]
         bulk_reqs = [(name, src, reqs) for name, src, reqs in wanted if src is not None and reqs]
         bulk_calls = [asyncio.to_thread(_bulk, src, [(r.namespace, r.pod or "") for r in reqs], now)

@@ -1,7 +1,10 @@
 """The IDE kinds a notebook can run, in one place: which server type reads which source, and how.
 
 Rule 4 (docs/decisions.md): the annotation `notebooks.kubeflow.org/server-type` picks the kind; only that
-kind's source is evidence about the IDE. A new IDE is one more `IdeKind` here (plus its source).
+kind's source is evidence about the IDE. A new IDE is one more `IdeKind` here, plus its source: a probe in
+kf_culler/gather.py `PROBES` (keyed by `source`) when it is probed by URL (`url_key`, a key of the `urls`
+config), else a bulk source; its `ServerType` value in kf_culler/config.py. tests/test_ide_registry.py
+checks that every kind has what it needs and that nothing else names an IDE.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from kf_culler.readings import IdeReading, parse_code_server, parse_jupyter, par
 class IdeKind:
     server_type: str  # the value of notebooks.kubeflow.org/server-type
     source: str  # the observations key of its source
-    name: str  # as users know it
+    name: str  # as users know it (lower-cased in `check`'s table)
     parse: Callable[[object], IdeReading]
     idle_words: str  # what "idle" means for it, in a reason
     busy_words: str  # what "busy" means for it, in a reason
@@ -43,13 +46,11 @@ IDE_KINDS: tuple[IdeKind, ...] = (
             url_key=None),
 )
 BY_SERVER_TYPE: dict[str, IdeKind] = {k.server_type: k for k in IDE_KINDS}
-BY_SOURCE: dict[str, IdeKind] = {k.source: k for k in IDE_KINDS}
 DEFAULT_SERVER_TYPE = "jupyter"  # a notebook without the annotation (or a matching image rule), or an unknown one
 KNOWN_SERVER_TYPES: frozenset[str] = frozenset(BY_SERVER_TYPE)
 
 # Derived views, for code that wants one fact only.
 SERVER_SOURCES: dict[str, str] = {k.server_type: k.source for k in IDE_KINDS}
-IDE_PARSERS: dict[str, Callable[[object], IdeReading]] = {k.source: k.parse for k in IDE_KINDS}
 IDE_SOURCES: tuple[str, ...] = tuple(k.source for k in IDE_KINDS)
 
 

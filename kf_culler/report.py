@@ -14,11 +14,12 @@ from typing import Any
 import yaml
 
 from kf_culler.cycle import CycleResult, NotebookResult
+from kf_culler.ide import IDE_KINDS
 from kf_culler.stopped import LongStopped
 from kf_culler.text import BLOCK, NAME, REASON, SNIPPET, URL, VALUE, clean
 from kf_culler.timeutil import format_time
 
-TYPE_NAMES = {"jupyter": "jupyter", "group-one": "code-server", "group-two": "rstudio"}
+TYPE_NAMES = {k.server_type: k.name.lower() for k in IDE_KINDS}  # jupyter, code-server, rstudio
 
 
 def _idle(r: NotebookResult) -> str:
