@@ -32,7 +32,8 @@ A hold lasts `hold_minutes` after the last trip (a trip in a pass always holds t
 with `hold_minutes` 0), ends by itself, or ends when an admin's release (`released_at`, read by the shell
 from an object only admins can write) is at or after the trip being held. Warnings still go out during a
 hold: a warning harms nobody. The caps (`max_*_per_pass`, 0 for none) are a separate valve: they apply
-with the brakes disabled too, and let through the stops due first.
+with the brakes disabled too, and let through the namespaces in turn, each one's stops due first (one
+tenant's many due stops take one place a round, not the whole cap).
 
 Pure: no I/O, no clock, no logging; the shell passes `now` and keeps the returned `BrakeState`.
 """
@@ -181,10 +182,22 @@ def _due(s: Seen) -> tuple[bool, datetime, str, str]:
     return s.stop_at is None, s.stop_at or _EARLIEST, s.namespace, s.name
 
 
+def _fair(items: Sequence[Seen]) -> list[Seen]:
+    """Each namespace's first due, then each one's second, and so on (within a round, the earliest due first):
+    a namespace with hundreds of stops due takes one place a round, not the whole cap."""
+    ranks: dict[str, int] = {}
+    ranked = []
+    for s in sorted(items, key=_due):
+        rank = ranks.get(s.namespace, 0)
+        ranks[s.namespace] = rank + 1
+        ranked.append((rank, _due(s), s))
+    return [s for _, _, s in sorted(ranked, key=lambda r: (r[0], r[1]))]
+
+
 def _over_cap(items: Sequence[Seen], cap: int) -> frozenset[Key]:
     if cap <= 0 or len(items) <= cap:
         return frozenset()
-    return frozenset((s.namespace, s.name) for s in sorted(items, key=_due)[cap:])
+    return frozenset((s.namespace, s.name) for s in _fair(items)[cap:])
 
 
 def _released(state: BrakeState, limits: BrakeLimits, now: datetime, released_at: datetime | None) -> bool:

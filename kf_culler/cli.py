@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -66,7 +67,7 @@ def _runner(args: argparse.Namespace, settings: Settings) -> Runner | None:
         print(f"kf-culler {args.command}: cannot load Kubernetes credentials: {err}", file=sys.stderr)
         return None
     return Runner(settings, api, dry_run=bool(vars(args).get("dry_run")) or args.command != "run",
-                  records_namespace=args.culler_namespace or own_namespace())
+                  records_namespace=args.culler_namespace or own_namespace(), brakes=args.command == "run")
 
 
 def _synced_runner(args: argparse.Namespace) -> Runner | int:
@@ -177,9 +178,8 @@ def cmd_release_brakes(args: argparse.Namespace) -> int:
 
     from kf_culler.kube.brakes import NAME, release
     from kf_culler.kube.client import api_client
-    from kf_culler.runner import own_namespace
 
-    namespace = args.culler_namespace or own_namespace()
+    namespace = args.culler_namespace or os.environ.get("POD_NAMESPACE") or "kubeflow"
     try:
         release(api_client(args.kubeconfig), namespace, datetime.now(UTC))
     except Exception as err:
@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig to use (default: ~/.kube/config)")
     p.add_argument("--culler-namespace", metavar="NAMESPACE", default=None,
-                   help="the culler's own namespace (default: POD_NAMESPACE, else default)")
+                   help="the culler's own namespace (default: POD_NAMESPACE, else kubeflow, the overlays')")
     p.set_defaults(func=cmd_release_brakes)
 
     p = sub.add_parser("demo", help="a local control plane, real Jupyter servers, and a culling to watch",

@@ -27,7 +27,7 @@ from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, WARNED_AT_ANNOTATIO
 from kf_culler.notebook import NotebookView, node_gpu_model
 from kf_culler.plan import Plan, plan
 from kf_culler.policy import Selected, selection
-from kf_culler.record import CullerRecord, RecordChange, imported
+from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
 
@@ -298,7 +298,7 @@ class Cycle:
         if self.brakes is None:
             return None
         seen = [Seen(j.sel.key[0], j.sel.key[1], j.sel.view.pod_start is not None, j.sel.view.gpus > 0,
-                     j.verdict.state, j.verdict.action, j.verdict.stop_at) for j in judged]
+                     j.verdict.state, self._brake_action(j), j.verdict.stop_at) for j in judged]
         outcome = apply_brakes(seen, self.brake_state, self.brakes, now, self.released_at)
         for j in judged:
             key, v = j.sel.key, j.verdict
@@ -315,6 +315,15 @@ class Cycle:
             j.held, j.why = frozenset({v.action}), why
             j.verdict = j.restrain(v)
         return outcome
+
+    @staticmethod
+    def _brake_action(j: Judged) -> str:
+        """The verdict's action as the brakes count it: a warning the culler already gave this idle period
+        (its own record) is no new warning, and is never capped."""
+        v = j.verdict
+        if v.action == "warn" and warned_this_period(j.sel.view.record, v.idle_since):
+            return "keep"
+        return v.action
 
     def _act_all(self, judged: list[Judged], now: datetime) -> tuple[list[NotebookResult], bool]:
         """Plan and write every judged notebook, with at most `writesInFlight` writes at once; results in the
@@ -431,7 +440,8 @@ class Cycle:
             result = NotebookResult(ns, name, stype, view.gpus, verdict, observations, calls, trace_id=trace_id,
                                     record=view.record, policy=policy)
             step = self.settings.operations.last_activity_step_minutes
-            result.plan = plan(view, verdict, now, step, trace_id)
+            # Held or deferred by the brakes: nothing is written this pass (no mark taken back, no record).
+            result.plan = Plan({}) if j.held else plan(view, verdict, now, step, trace_id)
             if result.plan.empty:
                 self._store_record(nb, view, result.plan.record)  # e.g. runningSince, with nothing to patch
             if self.writer is not None and not self.settings.operations.dry_run and not result.plan.empty:

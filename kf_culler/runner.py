@@ -123,6 +123,9 @@ class Runner:
     _contested_told: set[tuple[str, str, str]] = field(default_factory=set)
     _event_writer: Writer | None = None
     brake_state: BrakeState = field(default_factory=BrakeState)  # the brakes' memory (kf_culler/brakes.py)
+    # Whether passes go through the brakes: `run` (whose passes follow one another); `check` and `explain`
+    # show the verdicts before them (a one-off pass remembers nothing to compare with).
+    brakes: bool = True
 
     def policy_of(self, notebook: dict[str, Any]) -> Policy:
         """The policy the culler gives a notebook outside a pass (long-stopped counts, GPU-hour accounting):
@@ -159,9 +162,9 @@ class Runner:
             cycle.service_problem = self.cache.service_problem
         if self.policies is not None and self.policies.enabled:
             cycle.access_problem = self.policies.access_problem
-        cycle.brakes = self.settings.operations.brakes.limits
+        cycle.brakes = self.settings.operations.brakes.limits if self.brakes else None
         cycle.brake_state = self.brake_state
-        if self.brake_state.held_until is not None and not self.dry_run:  # an admin may have released the hold
+        if self.brake_state.held_until is not None and not (self.dry_run or self.settings.operations.dry_run):
             cycle.released_at = released_at(self.api, self.records_namespace or own_namespace(), self.clock())
         return cycle
 

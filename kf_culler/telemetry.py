@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from kf_culler import __version__
 
 LOG_FIELDS = ("namespace", "notebook", "server_type", "source", "http_status", "action", "state", "rule",
-              "reason", "idle_seconds", "trace_id", "write", "event", "shards", "shard_count", "identity")
+              "reason", "idle_seconds", "trace_id", "write", "event", "shards", "shard_count", "identity",
+              "brakes", "trips")
 
 
 def otlp_configured() -> bool:

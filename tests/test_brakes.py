@@ -278,7 +278,9 @@ def test_disabled_brakes_neither_trip_nor_hold_but_still_cap() -> None:
     assert out.shares["newly-idle:gpu"] == 1.0 and out.shares["stops"] == 1.0
     assert out.trips == () and not out.held and out.held_stops == frozenset()
     assert len(out.deferred_stops) == 30
-    assert out.deferred_stops == {(s.namespace, s.name) for s in everyone[20:]}
+    # Namespaces in turn: the two due first of each of the ten namespaces go out, the rest wait.
+    firsts = {(s.namespace, s.name) for s in everyone if s.name in ("nb-0", "nb-1")}
+    assert out.deferred_stops == {(s.namespace, s.name) for s in everyone} - firsts
     # A hold from before the brakes were disabled is dropped.
     earlier = BrakeState(held_until=minutes(60), why="a trip", tripped_at=T0)
     dropped = apply_brakes(everyone, earlier, limits, minutes(5))
@@ -310,3 +312,15 @@ def test_limits_problem() -> None:
     assert limits_problem(BrakeLimits(min_namespaces=3, fleet_fraction=0.34)) is None
     assert limits_problem(BrakeLimits(enabled=False, min_namespaces=1, fleet_fraction=0.5)) is None
     assert limits_problem(BrakeLimits(fleet_fraction=1.0, min_namespaces=2)) is None
+
+
+def test_one_namespace_with_many_stops_due_takes_one_place_a_round() -> None:
+    """One tenant's 500 notebooks all due first cannot push the other namespaces' stops out of the cap."""
+    limits = BrakeLimits(enabled=False, max_stops_per_pass=10)
+    big = [nb("big", f"nb-{j:03d}", "idle", "stop", stop_at=minutes(j / 100)) for j in range(500)]
+    others = [nb(f"team-{i}", "nb-0", "idle", "stop", stop_at=minutes(30)) for i in range(5)]
+    out = apply_brakes(big + others, BrakeState(), limits, minutes(40))
+    let_through = {(s.namespace, s.name) for s in big + others} - out.deferred_stops
+    assert {(s.namespace, s.name) for s in others} <= let_through
+    assert len(let_through) == 10 and sum(ns == "big" for ns, _ in let_through) == 5
+    assert {("big", f"nb-{j:03d}") for j in range(5)} <= let_through  # the big one's earliest due

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kf_culler.config import Policy
+from kf_culler.replay.contenders import GpuOnlyRule, KubeflowKernelRule, make_contenders
 from kf_culler.replay.report import percentile, reclaim_delays, summary
-from kf_culler.replay.rules import GpuOnlyRule, KubeflowKernelRule, make_rules
 from kf_culler.replay.simulate import HOUR, ReplayResult, replay
 from kf_culler.replay.trace import TraceHeader, TraceWriter, Truth, open_text
 
@@ -95,7 +95,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(trace: Path, config: Path, **kw: Any) -> ReplayResult:
-    rules = make_rules(str(config), ["kubeflow-kernel", "gpu-only"])
+    rules = make_contenders(str(config), ["kubeflow-kernel", "gpu-only"])
     return replay(trace, rules, restart_delay_minutes=10, **kw)
 
 
@@ -239,16 +239,16 @@ def test_gpu_only_rule_reads_utilisation_only() -> None:
 
 
 def test_rule_names_and_parameters(config: Path) -> None:
-    rules = make_rules(None, ["kubeflow-kernel:1440", "gpu-only:30:10", "defaults", "gpu-only"])
+    rules = make_contenders(None, ["kubeflow-kernel:1440", "gpu-only:30:10", "defaults", "gpu-only"])
     assert [r.name for r in rules] == ["defaults", "kubeflow-kernel (1440 min)", "gpu-only (30 min, <10 %)",
                                        "defaults #2", "gpu-only (60 min, <5 %)"]
     assert rules[0].idle_minutes == Policy().idle_minutes
     from kf_culler.config import ConfigError
 
     with pytest.raises(ConfigError, match="not a number"):
-        make_rules(None, ["gpu-only:soon"])
+        make_contenders(None, ["gpu-only:soon"])
     with pytest.raises(ConfigError, match="cannot read"):
-        make_rules(str(config.parent / "missing.yaml"), [])
+        make_contenders(str(config.parent / "missing.yaml"), [])
 
 
 def test_each_policy_gets_the_gpu_look_back_its_culler_would_query(tmp_path: Path) -> None:
@@ -265,7 +265,7 @@ def test_each_policy_gets_the_gpu_look_back_its_culler_would_query(tmp_path: Pat
     p60, p120 = tmp_path / "p60.yaml", tmp_path / "p120.yaml"
     p60.write_text("idleMinutes: 60\nwarnMinutes: 10\n")
     p120.write_text("idleMinutes: 120\nwarnMinutes: 10\n")
-    r = replay(path, make_rules(str(p60), [str(p120), "gpu-only"]))
+    r = replay(path, make_contenders(str(p60), [str(p120), "gpu-only"]))
     # the last GPU work (190) stays in the 70 / 130 min windows: stopped 60 / 120 min after it,
     # not at once on the terminal's activity at 0
     assert [[s.time for s in stops] for stops in r.stops] == [[at(250)], [at(310)], [at(250)]]

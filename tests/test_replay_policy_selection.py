@@ -13,7 +13,7 @@ import pytest
 
 from kf_culler.cli import main
 from kf_culler.config import load_mapping
-from kf_culler.replay.rules import ConfiguredPolicy
+from kf_culler.replay.contenders import ConfiguredPolicy
 from kf_culler.replay.simulate import ReplayResult, replay
 from kf_culler.replay.trace import open_text
 

@@ -115,3 +115,21 @@ def test_a_mass_stop_keeps_at_most_writes_in_flight_patches_at_once(api: Any, na
     for name in names:
         got = obj.get_notebook(api, namespace, name)
         assert STOP_ANNOTATION in got["metadata"]["annotations"], name
+
+
+def test_a_writer_that_lost_its_lease_stops_waiting_out_429s() -> None:
+    calls, waits = [0], []
+
+    def call() -> None:
+        calls[0] += 1
+        raise throttled("5")
+
+    leader = [True]
+
+    def lose_lease(seconds: float) -> None:
+        waits.append(seconds)
+        leader[0] = False  # the Lease lapsed during the wait
+
+    with pytest.raises(ApiException):
+        with_backoff(call, sleep=lose_lease, give_up=lambda: not leader[0])
+    assert calls[0] == 2 and waits == [5.0]  # tried, waited once, tried again, then gave up

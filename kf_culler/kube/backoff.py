@@ -11,10 +11,19 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+from tenacity.stop import stop_base
 
 T = TypeVar("T")
 ATTEMPTS = 6  # the first try and five more after a 429
 MAX_WAIT_SECONDS = 10.0  # a Retry-After longer than this is waited this long
+
+
+class _GiveUp(stop_base):
+    def __init__(self, give_up: Callable[[], bool]) -> None:
+        self.give_up = give_up
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.give_up()
 
 
 def _throttled(err: BaseException) -> bool:
@@ -39,10 +48,14 @@ def _wait(state: RetryCallState) -> float:
     return min(0.5 * 2.0 ** (state.attempt_number - 1), MAX_WAIT_SECONDS)
 
 
-def with_backoff(call: Callable[[], T], sleep: Callable[[float], None] | None = None) -> T:
+def with_backoff(call: Callable[[], T], sleep: Callable[[float], None] | None = None,
+                 give_up: Callable[[], bool] | None = None) -> T:
     """`call()`, sent again after a 429 as the server asks, at most ATTEMPTS times in all; any other error,
-    and the last 429, are raised as they are."""
+    and the last 429, are raised as they are. `give_up()` true after a 429 (this replica lost its Lease,
+    the process is stopping): the 429 is raised instead of waiting to send again."""
     kwargs: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
-    retrying = Retrying(stop=stop_after_attempt(ATTEMPTS), retry=retry_if_exception(_throttled), wait=_wait,
-                        reraise=True, **kwargs)
+    stop: stop_base = stop_after_attempt(ATTEMPTS)
+    if give_up is not None:
+        stop = stop | _GiveUp(give_up)
+    retrying = Retrying(stop=stop, retry=retry_if_exception(_throttled), wait=_wait, reraise=True, **kwargs)
     return retrying(call)

@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -56,6 +57,7 @@ class Writer:
         self.instance = instance or os.environ.get("POD_NAME") or socket.gethostname()
         self.patches = 0
         self.events = 0
+        self._count = threading.Lock()  # apply() runs in several threads at once
 
     def apply(self, notebook: dict[str, Any], first: Plan, replan: Callable[[dict[str, Any]], Plan],
               now: datetime, may_write: Callable[[], bool] = lambda: True) -> WriteResult:
@@ -98,8 +100,10 @@ class Writer:
                         if todo.annotations:
                             current = with_backoff(functools.partial(
                                 self.custom.patch_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name, body,
-                                _content_type="application/merge-patch+json", _request_timeout=REQUEST_TIMEOUT))
-                            self.patches += 1
+                                _content_type="application/merge-patch+json", _request_timeout=REQUEST_TIMEOUT),
+                                give_up=lambda: not may_write())
+                            with self._count:
+                                self.patches += 1
                     except ApiException as err:
                         if err.status == 404:
                             result.outcome = "gone"
@@ -158,14 +162,15 @@ class Writer:
         try:
             patched: dict[str, Any] = with_backoff(lambda: self.custom.patch_namespaced_custom_object(
                 GROUP, VERSION, ns, PLURAL, name, ops, _content_type="application/json-patch+json",
-                _request_timeout=REQUEST_TIMEOUT))
+                _request_timeout=REQUEST_TIMEOUT), give_up=lambda: not may_write())
         except ApiException as err:
             if err.status in (409, 422):  # a decision input changed meanwhile: the next pass decides again
                 result.conflicts += 1
             return None
         except Exception:
             return None
-        self.patches += 1
+        with self._count:
+            self.patches += 1
         result.outcome, result.notebook = "patched", patched
         return patched
 
@@ -188,7 +193,8 @@ class Writer:
         }
         try:
             with_backoff(lambda: self.core.create_namespaced_event(ns, body, _request_timeout=REQUEST_TIMEOUT))
-            self.events += 1
+            with self._count:
+                self.events += 1
             return "created"
         except ApiException as err:
             log.warning("event for %s/%s refused: HTTP %s %s", ns, meta.get("name"), err.status, err.reason)

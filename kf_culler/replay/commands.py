@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TextIO
 
 from kf_culler.config import ConfigError
+from kf_culler.replay.contenders import ConfiguredPolicy, make_contenders
 from kf_culler.replay.fleet import BEHAVIOURS, DEFAULT_START, FleetSpec, write_fleet
 from kf_culler.replay.report import render, summary, timeline_text
-from kf_culler.replay.rules import ConfiguredPolicy, make_rules
 from kf_culler.replay.simulate import replay
 from kf_culler.replay.trace import TraceError
 from kf_culler.timeutil import parse_time
@@ -72,7 +72,7 @@ def replay_command(*, trace: str, config: str | None, compare: list[str], plot: 
                    stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     try:
-        rules = make_rules(config, compare)
+        rules = make_contenders(config, compare)
     except ConfigError as err:
         print(f"kf-culler replay: {err}", file=stderr)
         return 2

@@ -30,8 +30,8 @@ from kf_culler.ide import IDE_KINDS
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.notebook import annotations_of, gpu_count, metadata_of, running_since
 from kf_culler.readings import Unreadable, parse_gpu
+from kf_culler.replay.contenders import Check, ConfiguredPolicy, Contender
 from kf_culler.replay.fleet import BEHAVIOUR_LABEL
-from kf_culler.replay.rules import Check, ConfiguredPolicy, Rule
 from kf_culler.replay.trace import Record, TraceHeader, read_trace
 from kf_culler.timeutil import format_time, parse_time
 
@@ -79,7 +79,7 @@ class Tally:
 
 @dataclass
 class NotebookTotals:
-    """Rule-independent figures for one notebook."""
+    """Contender-independent figures for one notebook."""
 
     id: str
     behaviour: str | None
@@ -284,7 +284,7 @@ def signals(rec: Record) -> dict[str, Any]:
     return out
 
 
-def replay(path: str | Path, rules: list[Rule], *, restart_delay_minutes: float = 5,
+def replay(path: str | Path, rules: list[Contender], *, restart_delay_minutes: float = 5,
            oracle_idle_minutes: float | None = None, check_period_minutes: float | None = None,
            timeline_id: str | None = None,
            gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)) -> ReplayResult:
@@ -409,7 +409,7 @@ def _may_decide(run: _Run, nb: _Nb) -> bool:
         run.stopped_at is not None and nb.world_start is not None and nb.world_start > run.stopped_at)
 
 
-def _step(rule: Rule, run: _Run, nb: _Nb, rec: Record, now: datetime, delay: timedelta,
+def _step(rule: Contender, run: _Run, nb: _Nb, rec: Record, now: datetime, delay: timedelta,
           period: timedelta | None, slack: timedelta, lookback: timedelta) -> Check | None:
     tally = run.tally
     if not run.running:

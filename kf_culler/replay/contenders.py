@@ -30,7 +30,7 @@ class Check(NamedTuple):
     reason: str
 
 
-class Rule(Protocol):
+class Contender(Protocol):
     name: str
 
     @property
@@ -224,7 +224,7 @@ def _number(text: str, what: str) -> float:
     return value
 
 
-def make_rule(spec: str, primary: Policy) -> Rule:
+def make_contender(spec: str, primary: Policy) -> Contender:
     """A rule from a --config/--compare value: a built-in name (with parameters) or a config file.
 
     Built-ins take their defaults from the primary policy (its idleMinutes and gpu.utilPercent), so the
@@ -248,11 +248,11 @@ def make_rule(spec: str, primary: Policy) -> Rule:
     return ConfiguredPolicy(path.stem, load_file(path))
 
 
-def make_rules(config: str | None, compare: list[str]) -> list[Rule]:
+def make_contenders(config: str | None, compare: list[str]) -> list[Contender]:
     """The primary rule (config, or the built-in defaults) first, then the compared ones, names unique."""
-    primary = make_rule(config or "defaults", Policy())
+    primary = make_contender(config or "defaults", Policy())
     base = primary.settings.policy if isinstance(primary, ConfiguredPolicy) else Policy()
-    rules: list[Rule] = [primary] + [make_rule(c, base) for c in compare]
+    rules: list[Contender] = [primary] + [make_contender(c, base) for c in compare]
     seen: dict[str, int] = {}
     for rule in rules:
         n = seen.get(rule.name, 0) + 1
