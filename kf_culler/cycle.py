@@ -116,7 +116,7 @@ class Judged:
         return dataclasses.replace(verdict, action="keep", reason=f"{self.why} {verdict.reason}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Cycle:
     settings: Settings
     writer: Writer | None = None  # None: decide and report only (check, explain, dry-run)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import trace
+
 from kf_culler.brakes import BrakeState
 from kf_culler.config import Policy, Settings
 from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, Observer, utcnow
@@ -136,37 +138,38 @@ class Runner:
             labels = self.namespace_labels(str(meta.get("namespace")) if isinstance(meta, dict) else "")
         return policy_of(notebook, None, self.settings, labels)[0]
 
-    def build_cycle(self) -> Cycle:
+    def build_cycle(self, on_written: Callable[[dict[str, Any]], None] | None = None) -> Cycle:
+        """This pass's Cycle, every collaborator given at once (a Cycle is frozen)."""
         if self._sources is None:
             self._sources = sources_for(self.settings)
         gpu, rstudio = self._sources
-        writer = None if (self.dry_run or self.settings.operations.dry_run) else Writer(self.api)
-        cycle = Cycle(self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write,
-                      on_result=self.on_result, on_observed=self.on_observed, owns=self.owns, clock=self.clock)
-        cycle.notifier = self.notifier if writer is not None else None
-        cycle.slow = self.slow
-        if self.settings.needs_namespace_labels:
-            if self.namespace_labels is None:
-                from kf_culler.kube.namespaces import NamespaceLabels
+        writes = not (self.dry_run or self.settings.operations.dry_run)
+        writer = Writer(self.api) if writes else None
+        if self.settings.needs_namespace_labels and self.namespace_labels is None:
+            from kf_culler.kube.namespaces import NamespaceLabels
 
-                self.namespace_labels = NamespaceLabels(self.api)
-            cycle.namespace_labels = self.namespace_labels
-        if self.tracer is not None:
-            cycle.tracer = self.tracer
-        if self.cache is not None:
+            self.namespace_labels = NamespaceLabels(self.api)
+        cache = self.cache
+        if cache is not None:
             if self.records is None:
                 self.records = RecordStore(self.api, self.records_namespace or own_namespace())
-            self.records.load(self.cache.record_objects())
-            cycle.records = self.records
-            cycle.nodes = self.cache.node if self.cache.reads_nodes else None
-            cycle.service_problem = self.cache.service_problem
-        if self.policies is not None and self.policies.enabled:
-            cycle.access_problem = self.policies.access_problem
-        cycle.brakes = self.settings.operations.brakes.limits if self.brakes else None
-        cycle.brake_state = self.brake_state
-        if self.brake_state.held_until is not None and not (self.dry_run or self.settings.operations.dry_run):
-            cycle.released_at = released_at(self.api, self.records_namespace or own_namespace(), self.clock())
-        return cycle
+            self.records.load(cache.record_objects())
+        released = None
+        if self.brake_state.held_until is not None and writes:  # an admin may have released the hold
+            released = released_at(self.api, self.records_namespace or own_namespace(), self.clock())
+        return Cycle(
+            self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write, owns=self.owns,
+            on_result=self.on_result, on_written=on_written, on_observed=self.on_observed,
+            clock=self.clock, notifier=self.notifier if writer is not None else None, slow=self.slow,
+            namespace_labels=self.namespace_labels if self.settings.needs_namespace_labels else None,
+            records=self.records if cache is not None else None,
+            nodes=cache.node if cache is not None and cache.reads_nodes else None,
+            service_problem=cache.service_problem if cache is not None else None,
+            access_problem=self.policies.access_problem if self.policies is not None and self.policies.enabled
+            else None,
+            brakes=self.settings.operations.brakes.limits if self.brakes else None,
+            brake_state=self.brake_state, released_at=released,
+            tracer=self.tracer or trace.get_tracer("kf_culler"))
 
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:
         self.cache = ClusterCache(self.api, self.settings.operations.namespaces.include,
@@ -192,8 +195,7 @@ class Runner:
 
     def once(self) -> CycleResult:
         cache = self.cache or self.start_cache()
-        cycle = self.build_cycle()
-        cycle.on_written = cache.record_notebook
+        cycle = self.build_cycle(on_written=cache.record_notebook)
         snapshot = cache.snapshot()
         result = cycle.run(snapshot)
         self._keep_brakes(result)
