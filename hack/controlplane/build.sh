@@ -6,6 +6,7 @@
 #   apiserver  etcd + kube-apiserver (default; what the tests need)
 #   cluster    also kube-controller-manager, kube-scheduler and kwok
 #   all        also Kubeflow's notebook-controller
+#   workspaces Kubeflow Notebooks 2.0's Workspace controller v2.0.0-beta.0 (and its CRDs), alone
 #
 # Environment:
 #   KF_CULLER_K8S_VERSION  Kubernetes release to build       (default: versions.env)
@@ -177,12 +178,30 @@ build_nbc() {
   stamp notebook-controller "$ver"
 }
 
+# Kubeflow Notebooks 2.0's Workspace controller (v2.0.0-beta.0): the Go module proxy does not serve it, so
+# from the unmodified upstream copy in ../shared/vendor (read-only: the build runs in a copy).
+WSC_VERSION=v2.0.0-beta.0
+WSC_VENDORED=$(cd "$here/../.." && pwd)/../shared/vendor/kubeflow-workspaces-v2.0.0-beta.0/workspaces/controller
+
+build_wsc() {
+  have workspace-controller "$WSC_VERSION" && { log "workspace-controller $WSC_VERSION: cached"; return; }
+  local src=${KF_CULLER_WORKSPACE_CONTROLLER_SRC:-$WSC_VENDORED}
+  [ -f "$src/go.mod" ] || die "no Workspace controller source at $src (set KF_CULLER_WORKSPACE_CONTROLLER_SRC)"
+  local dir="$BUILD_ROOT/workspace-controller-$WSC_VERSION"
+  rm -rf "$dir" && mkdir -p "$dir" && cp -r "$src/." "$dir/" && chmod -R u+w "$dir"
+  log "workspace-controller $WSC_VERSION: building from the source in $src"
+  (cd "$dir" && timed go build -trimpath -o "$BIN_DIR/workspace-controller" ./cmd/)
+  mkdir -p "$BIN_DIR/workspace-crds" && cp "$src"/manifests/kustomize/base/crd/kubeflow.org_*.yaml "$BIN_DIR/workspace-crds/"
+  stamp workspace-controller "$WSC_VERSION"
+}
+
 t0=$SECONDS
 case "$set_name" in
   apiserver) build_etcd; build_k8s kube-apiserver ;;
   cluster)   build_etcd; build_k8s kube-apiserver; build_k8s kube-controller-manager; build_k8s kube-scheduler; build_kwok ;;
   all)       build_etcd; build_k8s kube-apiserver; build_k8s kube-controller-manager; build_k8s kube-scheduler; build_kwok; build_nbc ;;
-  *) die "unknown set '$set_name' (expected apiserver, cluster or all)" ;;
+  workspaces) build_wsc ;;
+  *) die "unknown set '$set_name' (expected apiserver, cluster, all or workspaces)" ;;
 esac
 log "binaries ready in $BIN_DIR ($((SECONDS - t0)) s)"
 echo "$BIN_DIR"

@@ -21,7 +21,16 @@ from kf_culler.kube.pairing import Orphan, pair, service_problem
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
-LIST_PAGE = 500  # objects per list request (as kubectl pages, --chunk-size=500)
+LIST_PAGE = 500  # objects per list request at most (as kubectl pages, --chunk-size=500)
+# The first page is small and the next ones grow while pages stay small: a page's JSON is decoded whole, and
+# a tenant's Notebooks of megabytes each (env, volumes) would make a 500-object first page hundreds of MiB.
+FIRST_PAGE = 10
+SMALL_PAGE_BYTES = 2 * 1024 * 1024  # a page under this: the next asks for 4 times as many objects
+LARGE_PAGE_BYTES = 8 * 1024 * 1024  # a page over this: the next asks for a quarter
+# Collections of which the culler reads metadata only (StatefulSets: their owner): the API server sends
+# PartialObjectMetadata, never the pod template, which the notebook-controller copies from the Notebook.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 
 def _slim(obj: dict[str, Any]) -> dict[str, Any]:
@@ -187,13 +196,24 @@ def _key(obj: dict[str, Any]) -> Key:
     return (str(meta.get("namespace", "")), str(meta.get("name", "")))
 
 
+def next_limit(limit: int, page_bytes: int) -> int:
+    """The next page's object count: four times as many after a small page, a quarter after a large one."""
+    if page_bytes < SMALL_PAGE_BYTES:
+        return min(limit * 4, LIST_PAGE)
+    if page_bytes > LARGE_PAGE_BYTES:
+        return max(limit // 4, 1)
+    return limit
+
+
 class _Collection:
     """One list+watch loop feeding a dict of objects."""
 
     def __init__(self, name: str, lister: Callable[..., Any], stop: threading.Event,
                  label_selector: str | None = None, watch_timeout: int = 240,
-                 slim: Callable[[dict[str, Any]], dict[str, Any] | None] = _slim, optional: bool = False) -> None:
+                 slim: Callable[[dict[str, Any]], dict[str, Any] | None] = _slim, optional: bool = False,
+                 metadata_only: bool = False) -> None:
         self.name = name
+        self.metadata_only = metadata_only
         # optional: a collection the culler works without (Nodes, when its RBAC has none): a 403 ends it.
         self.optional = optional
         self.forbidden = False
@@ -219,20 +239,28 @@ class _Collection:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
-    def _kwargs(self) -> dict[str, Any]:
-        return {"label_selector": self.selector} if self.selector else {}
+    def _kwargs(self, accept: str = METADATA_LIST) -> dict[str, Any]:
+        out: dict[str, Any] = {"label_selector": self.selector} if self.selector else {}
+        if self.metadata_only:
+            out["_headers"] = {"Accept": accept}
+        return out
 
     def _list(self) -> str:
-        """List in pages of LIST_PAGE objects: one page's JSON is decoded and slimmed at a time, so a
-        relist of 10,000 notebooks never holds the whole answer (tens of MiB) and its dicts at once.
+        """List in pages: one page's JSON is decoded and slimmed at a time, so a relist of 10,000 notebooks
+        never holds the whole answer (tens of MiB) and its dicts at once, and pages start at FIRST_PAGE objects
+        and grow only while they stay small (`next_limit`), so no page of huge objects is ever large.
         An expired continue token is a 410, which the loop answers with a fresh list."""
         items: dict[Key, dict[str, Any]] = {}
         token = ""
+        limit = FIRST_PAGE
         while True:
-            kwargs = {**self._kwargs(), "limit": LIST_PAGE, **({"_continue": token} if token else {})}
+            kwargs = {**self._kwargs(), "limit": limit, **({"_continue": token} if token else {})}
             resp = self.lister(_preload_content=False, **kwargs)
-            data = json.loads(resp.data)
+            raw = resp.data
             del resp
+            limit = next_limit(limit, len(raw))
+            data = json.loads(raw)
+            del raw
             for o in data.get("items") or []:
                 kept = self.slim(o)
                 if kept is not None:
@@ -260,7 +288,8 @@ class _Collection:
                     rv = self._list()
                 w = self.watch = watch.Watch()
                 for event in w.stream(self.lister, resource_version=rv, timeout_seconds=self.watch_timeout,
-                                      allow_watch_bookmarks=True, deserialize=False, **self._kwargs()):
+                                      allow_watch_bookmarks=True, deserialize=False,
+                                      **self._kwargs(METADATA_WATCH)):
                     progressed = True
                     if self.stop.is_set():
                         w.stop()
@@ -352,7 +381,7 @@ class ClusterCache:
                 self.pods.append(_Collection(f"pods/{ns}", _bind(core.list_namespaced_pod, ns),
                                              self.stop_event, slim=_slim_pod))
                 self.statefulsets.append(_Collection(f"statefulsets/{ns}", _bind(apps.list_namespaced_stateful_set, ns),
-                                                     self.stop_event, slim=_slim_statefulset))
+                                                     self.stop_event, slim=_slim_statefulset, metadata_only=True))
                 self.services.append(_Collection(f"services/{ns}", _bind(core.list_namespaced_service, ns),
                                                  self.stop_event, slim=_slim_service))
         else:
@@ -361,7 +390,7 @@ class ClusterCache:
                 slim=_slim_notebook))
             self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, slim=_slim_pod))
             self.statefulsets.append(_Collection("statefulsets", apps.list_stateful_set_for_all_namespaces,
-                                                 self.stop_event, slim=_slim_statefulset))
+                                                 self.stop_event, slim=_slim_statefulset, metadata_only=True))
             self.services.append(_Collection("services", core.list_service_for_all_namespaces, self.stop_event,
                                              slim=_slim_service))
         self.orphans: list[Orphan] = []  # pods named like a notebook's that its ownership chain does not reach
