@@ -8,7 +8,11 @@ The fleet: N Notebooks and their Running pods on a real kube-apiserver (LocalClu
 server answering every notebook's Jupyter or code-server endpoints after `--latency-ms` (5% hang
 past every probe timeout), and a real Prometheus scraping a stand-in dcgm-exporter with a series per
 GPU of the GPU pods. A share of the notebooks is active (busy kernel, working GPU), the rest idle;
-`--crossing` more notebooks in namespace bench-cross cross the idle limit during the steady window.
+`--crossing` more notebooks in namespace bench-cross cross the idle limit during the steady window, at
+times fixed relative to the start of the cold cycle (so two runs' stop delays compare pass for pass).
+`--hostile N` adds, in namespace bench-hostile, N notebooks of each kind of `--hostile-kinds` whose
+servers answer hostilely, and N big stopped ones (bench/fleet_server.py); `bench/hostile_fleet.py`
+compares a run with them to one without.
 
 kf-culler runs in a child process of its own (so its peak RSS and CPU are its own) with the shipped
 configuration (kustomize/base/config.yaml): list+watch, a cold cycle, then a cycle every
@@ -58,12 +62,27 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from fleet_server import CROSS_NAMESPACE, FleetSpec, Member, cross_time, lookup, members  # noqa: E402
+from fleet_server import (  # noqa: E402
+    CROSS_NAMESPACE,
+    DEFAULT_HOSTILE_KINDS,
+    HOSTILE_KINDS,
+    HOSTILE_NAMESPACE,
+    FleetSpec,
+    Member,
+    cross_time,
+    lookup,
+    members,
+)
 
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE", "DELETECOLLECTION"}
 LAST_ACTIVITY = "notebooks.kubeflow.org/last-activity"
 CHECK_TIMESTAMP = "notebooks.kubeflow.org/last_activity_check_timestamp"
 RESOURCES = {"notebooks", "pods", "statefulsets", "services", "nodes", "configmaps", "events", "leases"}
+STOP_ANNOTATION = "kubeflow-resource-stopped"
+# A big stopped notebook: env vars of 900 bytes (as tests/test_pairing.py's huge notebook) up to this much
+# JSON, under etcd's default request limit of 1.5 MiB (the StatefulSet, with its managedFields, too).
+BIG_NOTEBOOK_BYTES = int(1.4 * 2**20)
+PAD_VALUE_BYTES = 900
 
 
 def log(msg: str) -> None:
@@ -126,9 +145,18 @@ def _stamp(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
+def padding_env(target_bytes: int) -> list[dict[str, str]]:
+    """Env vars that make a container's JSON about `target_bytes` long."""
+    entry = len(json.dumps({"name": "PAD_00000", "value": "y" * PAD_VALUE_BYTES})) + 2
+    return [{"name": f"PAD_{i:05d}", "value": "y" * PAD_VALUE_BYTES} for i in range(max(0, target_bytes // entry))]
+
+
 async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpec, concurrency: int = 48,
-                       shown_spread_seconds: float = 7200.0) -> None:
-    """Notebooks (with Kubeflow's culling annotations as its culler initialises them) and Running pods.
+                       shown_spread_seconds: float = 7200.0, stopped_copy: bool = True) -> dict[str, int]:
+    """Notebooks (with Kubeflow's culling annotations as its culler initialises them) and Running pods; the
+    big stopped hostile notebooks with their StatefulSet scaled to 0 and no pod (its template a copy of the
+    big container, as the notebook-controller makes it, unless not `stopped_copy`). Returns the size in bytes
+    (JSON as the API server answers) of the largest Notebook and StatefulSet made.
 
     `last-activity` is spread over the last `shown_spread_seconds` (the culler's lastActivityStepMinutes),
     so an active notebook's rewrites land evenly in time, as in a steady state under that step."""
@@ -140,18 +168,25 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
     ctx.load_cert_chain(cert, key)
     limit = asyncio.Semaphore(concurrency)
     now = _stamp(time.time())
+    sizes = {"notebookBytesMax": 0, "statefulSetBytesMax": 0}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=concurrency)) as s:
         async def call(method: str, path: str, body: Any, ctype: str = "application/json") -> dict[str, Any]:
             for attempt in range(5):
                 async with s.request(method, server + path, data=json.dumps(body),
                                      headers={"Content-Type": ctype}) as r:
                     if r.status < 300:
-                        made: dict[str, Any] = await r.json()
+                        raw = await r.read()
+                        made: dict[str, Any] = json.loads(raw)
+                        what = "notebookBytesMax" if made.get("kind") == "Notebook" else "statefulSetBytesMax" \
+                            if made.get("kind") == "StatefulSet" else ""
+                        if what:
+                            sizes[what] = max(sizes[what], len(raw))
                         return made
                     text = await r.text()
                     if r.status not in (429, 500, 503) or attempt == 4:
                         raise RuntimeError(f"{method} {path}: HTTP {r.status}: {text[:300]}")
                 await asyncio.sleep(0.5 * (attempt + 1))
+            raise AssertionError("unreachable: the last attempt raises")
 
         spaces = sorted({m.namespace for m in members(spec)})
         await asyncio.gather(*(call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}}) for ns in spaces))
@@ -164,12 +199,18 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
             body = notebook(m.name, "group-one" if m.kind == "codeserver" else "jupyter", gpus,
                             {LAST_ACTIVITY: shown, CHECK_TIMESTAMP: now})
             body["metadata"]["namespace"] = m.namespace
+            container: dict[str, Any] | None = None
+            if m.stopped:  # stopped three days ago by its user, through Kubeflow's web app
+                body["metadata"]["annotations"][STOP_ANNOTATION] = _stamp(spec.t0 - 3 * 86400)
+                container = body["spec"]["template"]["spec"]["containers"][0]
+                container["env"] = padding_env(BIG_NOTEBOOK_BYTES - len(json.dumps(body)))
             resources: dict[str, Any] = {"requests": {"cpu": "100m"}}
             if gpus:
                 resources = {"requests": {"cpu": "100m", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
-            pod = {"metadata": {"name": f"{m.name}-0", "namespace": m.namespace,
-                                "labels": {"notebook-name": m.name, "statefulset": m.name}},  # owner: below
-                   "spec": {"containers": [{"name": m.name, "image": "notebook:local", "resources": resources}]}}
+            pod: dict[str, Any] = {
+                "metadata": {"name": f"{m.name}-0", "namespace": m.namespace,
+                             "labels": {"notebook-name": m.name, "statefulset": m.name}},  # owner: below
+                "spec": {"containers": [{"name": m.name, "image": "notebook:local", "resources": resources}]}}
             started = _stamp(spec.pod_started)
             status = {"status": {"phase": "Running", "startTime": started,
                                  "conditions": [{"type": "Ready", "status": "True"}],
@@ -181,7 +222,11 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
                 # (the culler pairs a notebook with its pod through it).
                 made = await call("POST", f"/apis/kubeflow.org/v1/namespaces/{m.namespace}/notebooks", body)
                 sts = await call("POST", f"/apis/apps/v1/namespaces/{m.namespace}/statefulsets",
-                                 statefulset(m.name, made["metadata"]["uid"]))
+                                 statefulset(m.name, made["metadata"]["uid"], container, stopped_copy))
+                if m.stopped:  # the notebook-controller has scaled it to 0: a Service, no pod
+                    await call("POST", f"/api/v1/namespaces/{m.namespace}/services",
+                               service(m.name, made["metadata"]["uid"]))
+                    return
                 pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "StatefulSet",
                                                        "name": m.name, "uid": sts["metadata"]["uid"],
                                                        "controller": True}]
@@ -192,16 +237,23 @@ async def create_fleet(server: str, ca: str, cert: str, key: str, spec: FleetSpe
                            "application/merge-patch+json")
 
         await asyncio.gather(*(one(m) for m in members(spec)))
+    return sizes
 
 
-def statefulset(name: str, notebook_uid: str) -> dict[str, Any]:
-    """The StatefulSet the notebook-controller makes for a Notebook, controlled by it (nothing runs it here)."""
+def statefulset(name: str, notebook_uid: str, container: dict[str, Any] | None = None,
+                copy: bool = True) -> dict[str, Any]:
+    """The StatefulSet the notebook-controller makes for a Notebook, controlled by it (nothing runs it here).
+    With `container` (a stopped notebook's), it is scaled to 0 and, with `copy`, its template holds that
+    container, as the notebook-controller copies the Notebook's pod template."""
     labels = {"statefulset": name}
+    spec_container = {"name": name, "image": "notebook:local"}
+    if container is not None and copy:
+        spec_container = {k: v for k, v in container.items() if k in ("name", "image", "env")}
     return {"metadata": {"name": name, "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "Notebook",
                                                             "name": name, "uid": notebook_uid, "controller": True}]},
-            "spec": {"replicas": 1, "serviceName": "", "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": name, "image": "notebook:local"}]}}}}
+            "spec": {"replicas": 0 if container is not None else 1, "serviceName": "",
+                     "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": {"containers": [spec_container]}}}}
 
 
 def service(name: str, notebook_uid: str) -> dict[str, Any]:
@@ -229,8 +281,9 @@ class CountingApi:
             verb = "WATCH" if "watch=true" in parsed.query.lower() else method
             with self.lock:
                 self.counts[f"{verb} {what}"] += 1
-                if f"/namespaces/{CROSS_NAMESPACE}/" in parsed.path:
-                    self.counts[f"{verb} {what} ({CROSS_NAMESPACE})"] += 1
+                for ns in (CROSS_NAMESPACE, HOSTILE_NAMESPACE):
+                    if f"/namespaces/{ns}/" in parsed.path:
+                        self.counts[f"{verb} {what} ({ns})"] += 1
             return original(method, url, *args, **kwargs)
 
         api.call_api = call_api
@@ -285,12 +338,23 @@ def run_child(params_path: str) -> int:
     per_class: Counter[str] = Counter()
     stops: dict[str, float] = {}
     cross: dict[str, float] = {}
+    # Every notebook's verdicts: the distinct consecutive "action/state" of its passes, its last rule, and its
+    # last stop time (seconds from the fleet's t0).
+    verdicts: dict[str, dict[str, Any]] = {}
 
     def on_result(r: NotebookResult) -> None:
         m = lookup(spec, r.namespace, r.name)
         cls = m.cls if m else "other"
         per_class[f"notebooks:{cls}"] += 1
         per_class[f"state:{cls}:{r.verdict.state}"] += 1
+        v = r.verdict
+        seen = verdicts.setdefault(f"{r.namespace}/{r.name}", {
+            "cls": m.hostile if m is not None and m.hostile else cls, "trail": [], "passes": 0})
+        if not seen["trail"] or seen["trail"][-1] != f"{v.action}/{v.state}":
+            seen["trail"].append(f"{v.action}/{v.state}")
+        seen["passes"] += 1
+        seen["rule"] = str(v.rule)
+        seen["stopAt"] = round(v.stop_at.timestamp() - spec.t0, 1) if v.stop_at else None
         if r.write is not None:
             if r.write.outcome == "patched":
                 per_class[f"patches:{cls}"] += r.write.attempts
@@ -323,18 +387,20 @@ def run_child(params_path: str) -> int:
     log(f"RSS after it {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB")
     traced.snapshot("after the list+watch sync")
     sync = {"seconds": time.monotonic() - t0, "cpuSeconds": time.process_time() - cpu0,
-            "api": dict(counting.snapshot()), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0)}
+            "api": dict(counting.snapshot()), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0),
+            "peakRssMiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
     def measured(label: str) -> dict[str, Any]:
         api0, cls0, cpu0, w0 = counting.snapshot(), Counter(per_class), time.process_time(), time.monotonic()
         result = runner.once()
-        out = {
+        out: dict[str, Any] = {
             "label": label, "wallSeconds": time.monotonic() - w0, "cycleSeconds": result.seconds,
             "cpuSeconds": time.process_time() - cpu0, "api": diff(counting.snapshot(), api0),
             "classes": diff(per_class, cls0), "prometheusQueries": result.bulk_queries,
             "probes": sum(len(r.calls) for r in result.results),
             "probeErrors": sum(1 for r in result.results for c in r.calls if c.error),
             "notebooks": len(result.results), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0),
+            "peakRssMiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "load": loadavg(), "phases": result.phases,
         }
         out["apiRequests"] = sum(v for k, v in out["api"].items() if "(" not in k)
@@ -347,11 +413,13 @@ def run_child(params_path: str) -> int:
 
     cycles: list[dict[str, Any]] = []
     profile_text = None
-    start = time.monotonic()
+    start, start_wall = time.monotonic(), time.time()
     cycles.append(measured("cold"))
-    # The crossing notebooks cross the idle limit during the steady window.
+    # The crossing notebooks cross the idle limit during the steady window, from a time fixed relative to the
+    # pass schedule (the cold cycle's start), whatever the cold cycle took.
     steady_seconds = float(params["steadyMinutes"]) * 60
-    cross0, span = time.time() + min(60.0, steady_seconds / 4), max(1.0, steady_seconds - 2.5 * period)
+    cross0 = max(start_wall + min(60.0, steady_seconds / 4), time.time() + 1.0)
+    span = max(1.0, steady_seconds - 2.5 * period)
     if index == 0:  # with replicas, the first one sets the crossing times and tells the others
         with urllib.request.urlopen(urllib.request.Request(
                 f"{params['control']}?cross0={cross0}&span={span}", method="POST"), timeout=10) as resp:
@@ -376,7 +444,7 @@ def run_child(params_path: str) -> int:
             break
         time.sleep(max(0.0, next_at - time.monotonic()))
         if params.get("profile") and k == 2:
-            from pyinstrument import Profiler
+            from pyinstrument import Profiler  # type: ignore[import-not-found,unused-ignore]
 
             profiler = Profiler(interval=0.002, async_mode="disabled")
             profiler.start()
@@ -399,7 +467,10 @@ def run_child(params_path: str) -> int:
         "steadyApi": steady_api, "steadyClasses": diff(per_class, cls_steady0),
         "steadyCpuSeconds": time.process_time() - cpu_steady0,
         "crossing": {"count": len(cross), "stopped": len(latencies),
-                     "latencies": sorted(latencies.values()), "notStopped": sorted(set(cross) - set(stops))},
+                     "latencies": sorted(latencies.values()), "notStopped": sorted(set(cross) - set(stops)),
+                     "latencyByName": {n: round(v, 3) for n, v in sorted(latencies.items())},
+                     "cross0": cross0 - start_wall, "span": span},
+        "verdicts": verdicts,
         "peakRssMiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cpuSeconds": time.process_time(), "checkPeriodSeconds": period,
         "replica": index, "replicas": replicas, "shardsHeld": shards_held,
@@ -452,7 +523,8 @@ class Bench:
         netns = bool(a.inside_netns)
         spec = FleetSpec(notebooks=a.notebooks, crossing=a.crossing if a.crossing >= 0 else max(5, a.notebooks // 200),
                          hang_share=a.hang_share, active_share=a.active_share, gpu_share=a.gpu_share,
-                         codeserver_share=a.codeserver_share, latency=a.latency_ms / 1000, t0=time.time())
+                         codeserver_share=a.codeserver_share, latency=a.latency_ms / 1000, t0=time.time(),
+                         hostile=a.hostile, hostile_kinds=a.hostile_kinds)
         spec = replace(spec, idle_minutes=float(self._base_config()["idleMinutes"]))
         spec_path = self.dir / "spec.json"
         spec.dump(spec_path)
@@ -485,11 +557,15 @@ class Bench:
         self.cluster.apply_notebook_crd()
         c = self.cluster
         tls = (str(c.ca.cert), str(c.admin.cert), str(c.admin.key))
-        log(f"API server up in {time.monotonic() - t:.1f} s; creating {spec.notebooks + spec.crossing} notebooks")
+        log(f"API server up in {time.monotonic() - t:.1f} s; creating {spec.size} notebooks")
         t = time.monotonic()
-        asyncio.run(create_fleet(c.server, *tls, spec, shown_spread_seconds=60 * self._step_minutes()))
-        self.report["setup"] = {"createSeconds": time.monotonic() - t, "objects": 3 * (spec.notebooks + spec.crossing)}
-        log(f"created in {self.report['setup']['createSeconds']:.1f} s; load {loadavg()}")
+        sizes = asyncio.run(create_fleet(c.server, *tls, spec, shown_spread_seconds=60 * self._step_minutes(),
+                                         stopped_copy=a.stopped_statefulset == "copy"))
+        self.report["setup"] = {"createSeconds": time.monotonic() - t, "objects": 3 * spec.size, **sizes,
+                                "stoppedStatefulSet": a.stopped_statefulset}
+        log(f"created in {self.report['setup']['createSeconds']:.1f} s (largest Notebook "
+            f"{sizes['notebookBytesMax'] / 2**20:.2f} MiB, StatefulSet {sizes['statefulSetBytesMax'] / 2**20:.2f} "
+            f"MiB); load {loadavg()}")
 
         self.prom = Prometheus([static_job("dcgm-exporter", [f"127.0.0.1:{port}"])], scrape_interval="15s").start()
         gpus = self.report["fleet"]["gpu"]
@@ -684,8 +760,9 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     steady = [c for c in cycles[1:] if "profiled" not in c["label"]]
     hours = ours["steadyWindowSeconds"] / 3600
     main_api = {k: v for k, v in ours["steadyApi"].items() if "(" not in k}
-    cross_api = {k.split(" (")[0]: v for k, v in ours["steadyApi"].items() if "(" in k}
-    fleet_writes = writes_of(main_api) - writes_of(cross_api)
+    cross_api = {k.split(" (")[0]: v for k, v in ours["steadyApi"].items() if f"({CROSS_NAMESPACE})" in k}
+    hostile_api = {k.split(" (")[0]: v for k, v in ours["steadyApi"].items() if f"({HOSTILE_NAMESPACE})" in k}
+    fleet_writes = writes_of(main_api) - writes_of(cross_api) - writes_of(hostile_api)
     cls = ours["steadyClasses"]
     per_class = {}
     for name in ("idle", "active", "hang"):
@@ -701,8 +778,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "steadyApiRequestsPerCycle": statistics.mean(c["apiRequests"] for c in steady) if steady else None,
         "steadyApiWritesPerCycle": statistics.mean(c["apiWrites"] for c in steady) if steady else None,
         "steadyWritesPerNotebookHour": fleet_writes / (n * hours) if hours else None,
-        "steadyRequestsPerNotebookHour": (sum(main_api.values()) - sum(cross_api.values())) / (n * hours)
-        if hours else None,
+        "steadyRequestsPerNotebookHour": (sum(main_api.values()) - sum(cross_api.values())
+                                          - sum(hostile_api.values())) / (n * hours) if hours else None,
         "writesPerNotebookHourByClass": per_class,
         "prometheusQueriesPerCycle": max(c["prometheusQueries"] for c in cycles),
         "probesPerCycle": cycles[0]["probes"],
@@ -713,7 +790,15 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "crossingToStopSecondsMedian": statistics.median(lat) if lat else None,
         "crossingStopped": f"{ours['crossing']['stopped']}/{ours['crossing']['count']}",
         "checkPeriodSeconds": ours["checkPeriodSeconds"],
+        "rssAfterSyncMiB": ours["sync"]["rssMiB"], "peakRssAfterSyncMiB": ours["sync"].get("peakRssMiB"),
     }
+    if report["spec"].get("hostile"):
+        finals: dict[str, Counter[str]] = {}
+        for v in ours.get("verdicts", {}).values():
+            finals.setdefault(v["cls"], Counter())[v["trail"][-1]] += 1
+        s["hostile"] = {"perKind": report["spec"]["hostile"], "kinds": report["spec"]["hostile_kinds"],
+                        "finalVerdicts": {k: dict(c) for k, c in sorted(finals.items())},
+                        "steadyApiWrites": writes_of(hostile_api)}
     if report.get("replicas"):
         s["replicas"] = []
         for r in report["replicas"]:
@@ -778,6 +863,13 @@ def main() -> int:
     p.add_argument("--gpu-share", type=float, default=0.20)
     p.add_argument("--codeserver-share", type=float, default=0.20)
     p.add_argument("--steady-minutes", type=float, default=10.0)
+    p.add_argument("--hostile", type=int, default=0,
+                   help="N notebooks of each hostile kind beside the fleet, in bench-hostile (bench/fleet_server.py)")
+    p.add_argument("--hostile-kinds", default=DEFAULT_HOSTILE_KINDS,
+                   help=f"comma-separated, of {','.join(HOSTILE_KINDS)} (default {DEFAULT_HOSTILE_KINDS})")
+    p.add_argument("--stopped-statefulset", choices=("copy", "bare"), default="copy",
+                   help="the big stopped notebooks' StatefulSets: their template a copy of the big container, "
+                        "as the notebook-controller makes them (default), or a bare one")
     p.add_argument("--replicas", type=int, default=1,
                    help="run R culler processes sharing the notebooks by shard Leases (with --set shards=N)")
     p.add_argument("--set", action="append", metavar="KEY=JSON",
@@ -797,6 +889,9 @@ def main() -> int:
     p.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--culler-child", help=argparse.SUPPRESS)
     a = p.parse_args()
+    unknown = set(a.hostile_kinds.split(",")) - set(HOSTILE_KINDS)
+    if unknown:
+        p.error(f"unknown hostile kinds: {', '.join(sorted(unknown))}")
     if a.culler_child:
         return run_child(a.culler_child)
     if (a.kubeflow or a.netns) and not a.inside_netns:

@@ -15,6 +15,23 @@ process of its own so its CPU is not the culler's) answers:
 
 Every answer waits `latency` seconds first; a hanging notebook's answer waits `hangSeconds` (longer
 than any probe timeout), so its client gives up first.
+
+With `hostile` > 0 the fleet has, in namespace bench-hostile, `hostile` more notebooks of each kind in
+`hostileKinds` (named `hx-<kind>-<i>`), whose servers answer as a user's hostile server can (the kinds of
+tests/support/faulty.py):
+
+- `endlesshead`: a status line, then 1 KiB header lines without end (until the client hangs up, or 120 s);
+- `longline`: a status line, then one header line that never ends;
+- `slowhead`: a status line, then a 64-byte header line every 0.25 s, without end;
+- `manyheaders`: 1,000 short header lines, then the valid idle answer;
+- `flat`: api/status valid; api/kernels and api/terminals 1 MiB (less one byte) of `[{},{},...]`;
+- `deep`: api/status valid; api/kernels and api/terminals a JSON list nested 25 deep;
+- `many`: api/kernels 2,000 valid idle kernels (about 330 KB), the rest valid;
+- `bigstopped`: a stopped Notebook (`kubeflow-resource-stopped` set, no pod) of about 1.4 MiB of spec
+  (env vars in its container, and in its StatefulSet's template as the notebook-controller copies it);
+  the server has nothing to answer for it.
+
+The valid answers of hostile notebooks are idle since `idle_since`, like the ordinary idle ones.
 """
 
 from __future__ import annotations
@@ -23,6 +40,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import socket
 import sys
 import time
 from collections import Counter
@@ -32,8 +50,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # kf_culler, without an install
+
 CROSS_NAMESPACE = "bench-cross"
+HOSTILE_NAMESPACE = "bench-hostile"
 BUSY_GPU = (85.0, 6000.0)  # utilisation %, memory MiB of a working GPU
+
+HOSTILE_KINDS = ("endlesshead", "longline", "slowhead", "manyheaders", "flat", "deep", "many", "bigstopped")
+DEFAULT_HOSTILE_KINDS = "endlesshead,flat,deep,many,bigstopped"
+# The hostile bodies and header lines of tests/support/faulty.py.
+FLAT_BODY = b"[" + b"{}," * ((1 << 20) // 3 - 2) + b"{}]"  # 1 MiB less one byte of `[{},{},...]`
+DEEP_BODY = b"[" * 25 + b"]" * 25
+HEADER_LINE = b"X-Padding: " + b"a" * 51 + b"\r\n"  # 64 bytes
+LONG_HEADER_LINE = b"X-Padding: " + b"a" * 1011 + b"\r\n"  # 1 KiB
+SLOW_HEADER_SECONDS = 0.25
+ENDLESS_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +79,8 @@ class FleetSpec:
     hang_seconds: float = 60.0
     idle_minutes: float = 120.0
     t0: float = 0.0  # epoch seconds: pods started 2 h before, idle notebooks idle since 20 min before
+    hostile: int = 0  # notebooks of each kind of `hostile_kinds`, in bench-hostile
+    hostile_kinds: str = DEFAULT_HOSTILE_KINDS  # comma-separated, from HOSTILE_KINDS
 
     @classmethod
     def load(cls, path: str | Path) -> FleetSpec:
@@ -68,6 +101,15 @@ class FleetSpec:
     def idle_since(self) -> float:
         return self.t0 - 1200.0
 
+    @property
+    def kinds(self) -> list[str]:
+        return [k for k in self.hostile_kinds.split(",") if k] if self.hostile else []
+
+    @property
+    def size(self) -> int:
+        """Every notebook of the fleet: ordinary, crossing and hostile."""
+        return self.notebooks + self.crossing + self.hostile * len(self.kinds)
+
 
 @dataclass(frozen=True)
 class Member:
@@ -79,12 +121,20 @@ class Member:
     hang: bool
     active: bool
     crossing: bool
+    hostile: str = ""  # the hostile kind, for the notebooks of bench-hostile
 
     @property
     def cls(self) -> str:
+        if self.hostile:
+            return "hostile"
         if self.crossing:
             return "crossing"
         return "hang" if self.hang else "active" if self.active else "idle"
+
+    @property
+    def stopped(self) -> bool:
+        """A stopped Notebook (no pod): the big stopped hostile kind."""
+        return self.hostile == "bigstopped"
 
 
 def _frac(name: str, salt: str) -> float:
@@ -92,7 +142,13 @@ def _frac(name: str, salt: str) -> float:
 
 
 def member(spec: FleetSpec, index: int) -> Member:
-    """The index-th notebook: the first `notebooks` in bench-<k>, then the crossing ones."""
+    """The index-th notebook: the first `notebooks` in bench-<k>, then the crossing ones, then the hostile ones
+    (`hostile` of each kind in turn)."""
+    if index >= spec.notebooks + spec.crossing:
+        j = index - spec.notebooks - spec.crossing
+        kind = spec.kinds[j // spec.hostile]
+        return Member(index, HOSTILE_NAMESPACE, f"hx-{kind}-{j % spec.hostile:04d}", "jupyter", False, False,
+                      False, False, kind)
     if index >= spec.notebooks:
         j = index - spec.notebooks
         return Member(index, CROSS_NAMESPACE, f"cx-{j:04d}", "jupyter", False, False, False, True)
@@ -105,13 +161,18 @@ def member(spec: FleetSpec, index: int) -> Member:
 
 
 def members(spec: FleetSpec) -> Iterator[Member]:
-    for i in range(spec.notebooks + spec.crossing):
+    for i in range(spec.size):
         yield member(spec, i)
 
 
 def lookup(spec: FleetSpec, namespace: str, name: str) -> Member | None:
     try:
-        if namespace == CROSS_NAMESPACE and name.startswith("cx-"):
+        if namespace == HOSTILE_NAMESPACE and name.startswith("hx-"):
+            kind, _, i = name[3:].rpartition("-")
+            if kind not in spec.kinds or not 0 <= int(i) < spec.hostile:
+                return None
+            index = spec.notebooks + spec.crossing + spec.kinds.index(kind) * spec.hostile + int(i)
+        elif namespace == CROSS_NAMESPACE and name.startswith("cx-"):
             index = spec.notebooks + int(name[3:])
         elif name.startswith("nb-"):
             index = int(name[3:])
@@ -119,7 +180,7 @@ def lookup(spec: FleetSpec, namespace: str, name: str) -> Member | None:
             return None
     except ValueError:
         return None
-    if not 0 <= index < spec.notebooks + spec.crossing:
+    if not 0 <= index < spec.size:
         return None
     m = member(spec, index)
     return m if m.namespace == namespace else None
@@ -138,7 +199,7 @@ def iso(ts: float) -> str:
 def dcgm_text(spec: FleetSpec) -> str:
     from kf_culler.local.prometheus import FakeGpu, dcgm_exposition
 
-    gpus = []
+    gpus: list[FakeGpu] = []
     for m in members(spec):
         if m.gpu:
             util, mem = BUSY_GPU if m.active else (0.0, 0.0)
@@ -189,7 +250,7 @@ class FleetServer:
         m = lookup(self.spec, ns, name)
         if m is None:
             return web.Response(status=404, text="no such notebook")
-        if who == "go" and what == "kernels" and not m.crossing:
+        if who == "go" and what == "kernels" and not m.crossing and not m.hostile:
             now = time.time()
             if not self.go_probed:
                 self.go_first = now
@@ -197,8 +258,11 @@ class FleetServer:
             if self.go_all_at is None and len(self.go_probed) >= self.spec.notebooks:
                 self.go_all_at = now
         await self._wait(m)
-        if m.kind != "jupyter":
+        if m.kind != "jupyter" or what not in ("status", "kernels", "terminals"):
             return web.Response(status=404, text="not found")  # code-server has no Jupyter API
+        if m.hostile:
+            self.counts[f"hostile:{m.hostile}:{what}"] += 1
+            return await self.hostile_answer(request, m, what)
         now = time.time()
         la = iso(self.last_activity(m, now))
         body: Any
@@ -207,11 +271,66 @@ class FleetServer:
         elif what == "kernels":
             body = [{"id": f"k-{m.index}", "name": "python3", "last_activity": la,
                      "execution_state": "busy" if m.active else "idle", "connections": 0}]
-        elif what == "terminals":
-            body = []
         else:
-            return web.Response(status=404, text="not found")
+            body = []
         return web.Response(body=json.dumps(body).encode(), content_type="application/json")
+
+    def idle_body(self, what: str) -> bytes:
+        """A quiet Jupyter's answer, idle since `idle_since` (what the hostile kinds send when they are valid)."""
+        la = iso(self.spec.idle_since)
+        body: Any = [] if what != "status" else {"started": iso(self.spec.pod_started), "last_activity": la,
+                                                 "connections": 0, "kernels": 0}
+        return json.dumps(body).encode()
+
+    async def hostile_answer(self, request: Any, m: Member, what: str) -> Any:
+        from aiohttp import web
+
+        kind = m.hostile
+        if kind in ("endlesshead", "longline", "slowhead"):
+            return await self._endless_head(request, kind)
+        if kind == "manyheaders":
+            resp = web.Response(body=self.idle_body(what), content_type="application/json")
+            for _ in range(1000):
+                resp.headers.add("X-Many", "y")
+            return resp
+        body = self.idle_body(what)
+        if kind in ("flat", "deep") and what != "status":
+            body = FLAT_BODY if kind == "flat" else DEEP_BODY
+        elif kind == "many" and what == "kernels":
+            la = iso(self.spec.idle_since)
+            body = json.dumps([{"id": f"{i:08d}-81da-4321-af31-7a772f5139b0", "name": "python3", "last_activity": la,
+                                "execution_state": "idle", "connections": 0} for i in range(2000)]).encode()
+        return web.Response(body=body, content_type="application/json")
+
+    async def _endless_head(self, request: Any, kind: str) -> Any:
+        """A status line, then header bytes that never end, written on the connection itself (aiohttp would
+        frame a response), until the client hangs up (handler cancellation) or ENDLESS_SECONDS."""
+        transport = request.transport
+        if transport is None:
+            raise asyncio.CancelledError
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a small send buffer: what was pushed is close to what the client took
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + (b"X-Long: " if kind == "longline"
+                                                                                    else b""))
+        piece = b"a" * 65536 if kind == "longline" else LONG_HEADER_LINE * 64
+        sent = 0
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < ENDLESS_SECONDS and not transport.is_closing():
+                if kind == "slowhead":
+                    await asyncio.sleep(SLOW_HEADER_SECONDS)
+                    transport.write(HEADER_LINE)
+                    sent += len(HEADER_LINE)
+                elif transport.get_write_buffer_size() > 1 << 16:
+                    await asyncio.sleep(0.005)  # the client is not reading: wait (as a drain would)
+                else:
+                    transport.write(piece)
+                    sent += len(piece)
+        finally:
+            self.counts[f"hostileBytes:{kind}"] += sent
+        transport.close()
+        raise asyncio.CancelledError  # nothing more to send: the connection is closed
 
     async def _healthz(self, request: Any, ns: str, name: str) -> Any:
         from aiohttp import web
