@@ -1,5 +1,5 @@
-"""What listing costs the culler when a tenant makes huge objects: list pages start small and grow only
-while they stay small (a page's JSON is decoded whole), and StatefulSets, which the notebook-controller
+"""What listing costs the culler when a tenant makes huge objects: list pages are sized by bytes (a page's
+JSON is decoded whole), and StatefulSets, which the notebook-controller
 gives a copy of the Notebook's pod template, are listed and watched as metadata only."""
 
 from __future__ import annotations
@@ -11,19 +11,16 @@ import pytest
 from kubernetes import client
 
 from kf_culler.kube import cache as cache_module
-from kf_culler.kube.cache import FIRST_PAGE, LARGE_PAGE_BYTES, LIST_PAGE, ClusterCache, next_limit
+from kf_culler.kube.cache import FIRST_PAGE, LIST_PAGE, PAGE_BYTES, ClusterCache, next_limit
 from kf_culler.local import objects as obj
 
 
-def test_pages_grow_while_small_and_shrink_when_large() -> None:
-    limit, seen = FIRST_PAGE, []
-    for _ in range(5):
-        limit = next_limit(limit, 1024)
-        seen.append(limit)
-    assert seen == [40, 160, LIST_PAGE, LIST_PAGE, LIST_PAGE]
-    assert next_limit(LIST_PAGE, LARGE_PAGE_BYTES + 1) == LIST_PAGE // 4
-    assert next_limit(2, LARGE_PAGE_BYTES + 1) == 1
-    assert next_limit(100, LARGE_PAGE_BYTES - 1) == 100
+def test_pages_are_sized_by_bytes() -> None:
+    assert FIRST_PAGE == 1
+    assert next_limit(1, 3_000) == LIST_PAGE  # ordinary Notebooks, a few KiB: full pages from the second on
+    assert next_limit(1, 1_400_000) == 1  # a tenant's 1.4 MiB Notebooks: one a page
+    assert next_limit(10, 10 * 300_000) == PAGE_BYTES // 300_000
+    assert next_limit(500, 0) == LIST_PAGE
 
 
 def big_env(n: int = 1000) -> list[dict[str, str]]:
@@ -87,7 +84,7 @@ def test_huge_notebooks_and_their_statefulsets_cost_small_pages(api: Any, namesp
     sts_pages = next(r.pages for r in recorders if r.pages and "PartialObjectMetadata" in r.pages[0][2])
     assert nb_pages[0][0] == FIRST_PAGE
     one = 1024 * 1024  # a Notebook here is under 1 MiB of JSON
-    assert max(size for _, size, _ in nb_pages) <= FIRST_PAGE * one  # never a 500-object page of them
-    assert len(nb_pages) >= 2  # the 10-object page was large: the rest came in smaller ones
+    assert max(size for _, size, _ in nb_pages) <= PAGE_BYTES + one  # never a 500-object page of them
+    assert len(nb_pages) >= 6  # 12 Notebooks of 0.9 MiB: two or fewer a page
     # metadata only: not 12 pod templates of 0.9 MiB (their managedFields still name each env entry)
     assert sum(size for _, size, _ in sts_pages) < 12 * 900 * 1024 // 10

@@ -22,11 +22,11 @@ from kf_culler.kube.pairing import Orphan, pair, service_problem
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
 LIST_PAGE = 500  # objects per list request at most (as kubectl pages, --chunk-size=500)
-# The first page is small and the next ones grow while pages stay small: a page's JSON is decoded whole, and
-# a tenant's Notebooks of megabytes each (env, volumes) would make a 500-object first page hundreds of MiB.
-FIRST_PAGE = 10
-SMALL_PAGE_BYTES = 2 * 1024 * 1024  # a page under this: the next asks for 4 times as many objects
-LARGE_PAGE_BYTES = 8 * 1024 * 1024  # a page over this: the next asks for a quarter
+# Pages are sized by bytes: a page's JSON is decoded whole, and a tenant's Notebooks of a megabyte or more
+# each (env, volumes) would make a 500-object page hundreds of MiB of Python objects. The first page is one
+# object; each next one asks for as many objects as fit PAGE_BYTES at the last page's size per object.
+FIRST_PAGE = 1
+PAGE_BYTES = 2 * 1024 * 1024
 # Collections of which the culler reads metadata only (StatefulSets: their owner): the API server sends
 # PartialObjectMetadata, never the pod template, which the notebook-controller copies from the Notebook.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
@@ -197,12 +197,10 @@ def _key(obj: dict[str, Any]) -> Key:
 
 
 def next_limit(limit: int, page_bytes: int) -> int:
-    """The next page's object count: four times as many after a small page, a quarter after a large one."""
-    if page_bytes < SMALL_PAGE_BYTES:
-        return min(limit * 4, LIST_PAGE)
-    if page_bytes > LARGE_PAGE_BYTES:
-        return max(limit // 4, 1)
-    return limit
+    """The next page's object count: as many as fit PAGE_BYTES at this page's bytes per object, 1 to
+    LIST_PAGE (ordinary Notebooks, a few KiB each: LIST_PAGE from the second page on)."""
+    per_object = max(page_bytes, 1) / max(limit, 1)
+    return max(1, min(LIST_PAGE, int(PAGE_BYTES / per_object)))
 
 
 class _Collection:
@@ -247,8 +245,8 @@ class _Collection:
 
     def _list(self) -> str:
         """List in pages: one page's JSON is decoded and slimmed at a time, so a relist of 10,000 notebooks
-        never holds the whole answer (tens of MiB) and its dicts at once, and pages start at FIRST_PAGE objects
-        and grow only while they stay small (`next_limit`), so no page of huge objects is ever large.
+        never holds the whole answer (tens of MiB) and its dicts at once, and pages are sized by bytes
+        (`next_limit`), so no page of huge objects is ever large.
         An expired continue token is a 410, which the loop answers with a fresh list."""
         items: dict[Key, dict[str, Any]] = {}
         token = ""
