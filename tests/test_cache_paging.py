@@ -1,26 +1,19 @@
-"""What listing costs the culler when a tenant makes huge objects: list pages are sized by bytes (a page's
-JSON is decoded whole), and StatefulSets, which the notebook-controller
-gives a copy of the Notebook's pod template, are listed and watched as metadata only."""
+"""What listing costs the culler when a tenant makes huge objects: a list answer is read as a stream and split
+into its objects (one decoded at a time), and StatefulSets, which the notebook-controller gives a copy of the
+Notebook's pod template, are listed and watched as metadata only."""
 
 from __future__ import annotations
 
 import threading
+import tracemalloc
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from kf_culler.kube import cache as cache_module
-from kf_culler.kube.cache import FIRST_PAGE, LIST_PAGE, PAGE_BYTES, ClusterCache, next_limit
+from kf_culler.kube.cache import ClusterCache
 from kf_culler.local import objects as obj
-
-
-def test_pages_are_sized_by_bytes() -> None:
-    assert FIRST_PAGE == 1
-    assert next_limit(1, 3_000) == LIST_PAGE  # ordinary Notebooks, a few KiB: full pages from the second on
-    assert next_limit(1, 1_400_000) == 1  # a tenant's 1.4 MiB Notebooks: one a page
-    assert next_limit(10, 10 * 300_000) == PAGE_BYTES // 300_000
-    assert next_limit(500, 0) == LIST_PAGE
 
 
 def big_env(n: int = 1000) -> list[dict[str, str]]:
@@ -28,25 +21,39 @@ def big_env(n: int = 1000) -> list[dict[str, str]]:
 
 
 class Recording:
-    """Wraps a lister: each call's `limit` and the bytes of its answer."""
+    """Wraps a lister: each list call's Accept header, and the bytes of its answer as the cache reads them."""
 
     def __init__(self, lister: Any) -> None:
         self.lister = lister
-        self.pages: list[tuple[int | None, int, str]] = []
+        self.pages: list[tuple[str, list[int]]] = []
         self.lock = threading.Lock()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         resp = self.lister(*args, **kwargs)
-        if not kwargs.get("watch"):
-            accept = str((kwargs.get("_headers") or {}).get("Accept", ""))
-            with self.lock:
-                self.pages.append((kwargs.get("limit"), len(resp.data), accept))
+        if kwargs.get("watch"):
+            return resp
+        sizes: list[int] = []
+        with self.lock:
+            self.pages.append((str((kwargs.get("_headers") or {}).get("Accept", "")), sizes))
+        stream = resp.stream
+
+        def counted(amt: int) -> Any:
+            for chunk in stream(amt):
+                sizes.append(len(chunk))
+                yield chunk
+
+        resp.stream = counted
         return resp
 
 
 @pytest.mark.cluster
-def test_huge_notebooks_and_their_statefulsets_cost_small_pages(api: Any, namespace: str,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_huge_notebooks_and_their_statefulsets_are_never_held_whole(api: Any, namespace: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """12 Notebooks of 0.9 MiB and their StatefulSets with the same template: the sync's peak of traced
+    allocations stays under 3 of them (a whole-page decode is about 25 MiB), and the StatefulSets' lists
+    bring a tenth of their templates' bytes."""
+
+
     apps = client.AppsV1Api(api)
     for i in range(12):
         body = obj.notebook(f"big-{i:02d}")
@@ -70,21 +77,24 @@ def test_huge_notebooks_and_their_statefulsets_cost_small_pages(api: Any, namesp
 
     monkeypatch.setattr(cache_module._Collection, "__init__", recording_init)
     cache = ClusterCache(api, (namespace,))
-    cache.start()
+    tracemalloc.start()
     try:
+        cache.start()
         assert cache.wait_synced(60)
+        _, peak = tracemalloc.get_traced_memory()
         owners = {s["metadata"]["name"]: s["metadata"]["ownerReferences"][0]["kind"]
                   for c in cache.statefulsets for s in c.snapshot().values()}
         notebooks = {nb["metadata"]["name"] for nb, _ in cache.snapshot()}
     finally:
+        tracemalloc.stop()
         cache.close()
     assert notebooks == {f"big-{i:02d}" for i in range(12)}
     assert owners == {f"big-{i:02d}": "Notebook" for i in range(12)}  # pairing still sees the owner
-    nb_pages = next(r.pages for r in recorders if r.pages and "PartialObjectMetadata" not in r.pages[0][2])
-    sts_pages = next(r.pages for r in recorders if r.pages and "PartialObjectMetadata" in r.pages[0][2])
-    assert nb_pages[0][0] == FIRST_PAGE
-    one = 1024 * 1024  # a Notebook here is under 1 MiB of JSON
-    assert max(size for _, size, _ in nb_pages) <= PAGE_BYTES + one  # never a 500-object page of them
-    assert len(nb_pages) >= 6  # 12 Notebooks of 0.9 MiB: two or fewer a page
+    nb_bytes = sum(sum(sizes) for accept, sizes in next(r.pages for r in recorders
+                                                       if r.pages and "PartialObjectMetadata" not in r.pages[0][0]))
+    sts_bytes = sum(sum(sizes) for accept, sizes in next(r.pages for r in recorders
+                                                        if r.pages and "PartialObjectMetadata" in r.pages[0][0]))
+    assert nb_bytes > 12 * 900 * 1024  # every Notebook came whole over the wire...
+    assert peak < 3 * 2 * 1024 * 1024, peak  # ...and was never held with the others (about 2 MiB decoded each)
     # metadata only: not 12 pod templates of 0.9 MiB (their managedFields still name each env entry)
-    assert sum(size for _, size, _ in sts_pages) < 12 * 900 * 1024 // 10
+    assert sts_bytes < 12 * 900 * 1024 // 10

@@ -7,7 +7,6 @@ One thread per watched collection; a broken watch is resumed from its resourceVe
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import threading
@@ -17,16 +16,13 @@ from typing import Any
 
 from kf_culler.config import GPU_MODEL_LABEL
 from kf_culler.kube import GROUP, PLURAL, VERSION
+from kf_culler.kube.liststream import list_items
 from kf_culler.kube.pairing import Orphan, pair, service_problem
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
 LIST_PAGE = 500  # objects per list request at most (as kubectl pages, --chunk-size=500)
-# Pages are sized by bytes: a page's JSON is decoded whole, and a tenant's Notebooks of a megabyte or more
-# each (env, volumes) would make a 500-object page hundreds of MiB of Python objects. The first page is one
-# object; each next one asks for as many objects as fit PAGE_BYTES at the last page's size per object.
-FIRST_PAGE = 1
-PAGE_BYTES = 2 * 1024 * 1024
+STREAM_CHUNK = 256 * 1024  # a list answer is read in chunks this size and split into its items as it comes
 # Collections of which the culler reads metadata only (StatefulSets: their owner): the API server sends
 # PartialObjectMetadata, never the pod template, which the notebook-controller copies from the Notebook.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
@@ -196,13 +192,6 @@ def _key(obj: dict[str, Any]) -> Key:
     return (str(meta.get("namespace", "")), str(meta.get("name", "")))
 
 
-def next_limit(limit: int, page_bytes: int) -> int:
-    """The next page's object count: as many as fit PAGE_BYTES at this page's bytes per object, 1 to
-    LIST_PAGE (ordinary Notebooks, a few KiB each: LIST_PAGE from the second page on)."""
-    per_object = max(page_bytes, 1) / max(limit, 1)
-    return max(1, min(LIST_PAGE, int(PAGE_BYTES / per_object)))
-
-
 class _Collection:
     """One list+watch loop feeding a dict of objects."""
 
@@ -244,26 +233,24 @@ class _Collection:
         return out
 
     def _list(self) -> str:
-        """List in pages: one page's JSON is decoded and slimmed at a time, so a relist of 10,000 notebooks
-        never holds the whole answer (tens of MiB) and its dicts at once, and pages are sized by bytes
-        (`next_limit`), so no page of huge objects is ever large.
+        """List in pages of LIST_PAGE objects, each page read as a stream and split into its objects as it
+        comes (kf_culler/kube/liststream.py): one object is decoded at a time and slimmed at once, so neither a
+        relist of 10,000 notebooks nor a tenant's hundreds of 1.5 MiB Notebooks is ever held whole.
         An expired continue token is a 410, which the loop answers with a fresh list."""
         items: dict[Key, dict[str, Any]] = {}
         token = ""
-        limit = FIRST_PAGE
         while True:
-            kwargs = {**self._kwargs(), "limit": limit, **({"_continue": token} if token else {})}
+            kwargs = {**self._kwargs(), "limit": LIST_PAGE, **({"_continue": token} if token else {})}
             resp = self.lister(_preload_content=False, **kwargs)
-            raw = resp.data
-            del resp
-            limit = next_limit(limit, len(raw))
-            data = json.loads(raw)
-            del raw
-            for o in data.get("items") or []:
-                kept = self.slim(o)
-                if kept is not None:
-                    items[_key(o)] = kept
-            meta = data.get("metadata") or {}
+            try:
+                objects, page = list_items(resp.stream(STREAM_CHUNK))
+                for o in objects:
+                    kept = self.slim(o)
+                    if kept is not None:
+                        items[_key(o)] = kept
+            finally:
+                resp.release_conn()
+            meta = page.rest().get("metadata") or {}
             token = str(meta.get("continue") or "")
             if not token:
                 break
