@@ -157,20 +157,24 @@ def _notifications(runner: Runner, ns: str, name: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from kf_culler.kube.client import api_client
+    from kf_culler.runner import own_namespace
     from kf_culler.service import Options, serve
 
     settings = _settings(args)
     if settings is None:
         return 2
-    runner = _runner(args, settings)
-    if runner is None:
+    try:
+        api = api_client(args.kubeconfig)
+    except Exception as err:
+        print(f"kf-culler run: cannot load Kubernetes credentials: {err}", file=sys.stderr)
         return 1
-    runner.install_signal_handlers()
-    return serve(runner, Options(
+    return serve(settings, api, Options(
         once=args.once, metrics_address=args.metrics_address, api_address=args.api_address,
-        leader_elect=args.leader_elect,
-        lease_namespace=args.lease_namespace or args.culler_namespace, lease_name=args.lease_name, record=args.record,
-        record_hash_key=args.record_hash_key, json_logs=not args.text_logs))
+        leader_elect=args.leader_elect, lease_namespace=args.lease_namespace or args.culler_namespace,
+        lease_name=args.lease_name, record=args.record, record_hash_key=args.record_hash_key,
+        json_logs=not args.text_logs, dry_run=args.dry_run,
+        records_namespace=args.culler_namespace or own_namespace()))
 
 
 def cmd_release_brakes(args: argparse.Namespace) -> int:

@@ -6,9 +6,11 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kf_culler.config import Settings
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube.lease import LeaderElector, ShardManager
 from kf_culler.kube.tokens import TokenReviewer
@@ -36,6 +38,8 @@ class Options:
     record: str | None = None
     record_hash_key: str | None = None
     json_logs: bool = True
+    dry_run: bool = False
+    records_namespace: str | None = None  # where the culler keeps its record (None: its own namespace)
 
 
 def _log_result(r: NotebookResult) -> None:
@@ -48,15 +52,18 @@ def _log_result(r: NotebookResult) -> None:
         "event": r.write.event if r.write else None})
 
 
-def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None = None,
-               store: VerdictStore | None = None) -> None:
-    """Feed every notebook result and every pass into the metrics and the logs (and the verdict store)."""
+def observers(runner_of: Callable[[], Runner], metrics: Metrics, elector: LeaderElector | None = None,
+              store: VerdictStore | None = None
+              ) -> tuple[Callable[[NotebookResult], None], Callable[[CycleResult], None]]:
+    """(on_result, on_cycle): feed every notebook result and every pass into the metrics and the logs (and the
+    verdict store). `runner_of()` is the Runner they serve, read at each pass (it is built with them)."""
 
     def on_result(r: NotebookResult) -> None:
         metrics.observe_result(r)
         _log_result(r)
 
     def on_cycle(result: CycleResult) -> None:
+        runner = runner_of()
         metrics.observe_cycle(result)
         metrics.observe_brakes(result.brakes)
         if store is not None:
@@ -86,7 +93,17 @@ def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None =
                                                          runner.policy_of))
         log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)
 
-    runner.on_result, runner.on_cycle = on_result, on_cycle
+    return on_result, on_cycle
+
+
+def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None = None,
+               store: VerdictStore | None = None) -> None:
+    """`observers` for a Runner built already (`check`, tests)."""
+    runner.on_result, runner.on_cycle = observers(lambda: runner, metrics, elector, store)
+
+
+def _always() -> bool:
+    return True
 
 
 def readiness(runner: Runner, shards: ShardManager | None = None) -> tuple[bool, str]:
@@ -107,14 +124,17 @@ def readiness(runner: Runner, shards: ShardManager | None = None) -> tuple[bool,
     return True, "ready" + detail
 
 
-def serve(runner: Runner, opts: Options) -> int:
+def serve(settings: Settings, api: Any, opts: Options) -> int:
+    """Build the culler's collaborators once — leader election or shards, the trace recorder, the notifier,
+    the metrics and verdict-store observers — then the Runner with all of them (nothing is set on it later),
+    then its HTTP servers, and run passes until SIGTERM."""
     setup_logging(opts.json_logs)
-    gpu_warning = runner.settings.gpu_source_warning()
+    gpu_warning = settings.gpu_source_warning()
     if gpu_warning:  # "GPU notebooks are never culled" is never silent (docs/configuration.md)
         log.warning("%s", gpu_warning)
-    for rule_warning in loosening_rule_warnings(runner.settings):  # rules any user can opt into
+    for rule_warning in loosening_rule_warnings(settings):  # rules any user can opt into
         log.warning("%s", rule_warning)
-    history_warning = gpu_history_warning(runner.settings)
+    history_warning = gpu_history_warning(settings)
     if history_warning:
         log.warning("%s", history_warning)
     provider = setup_tracing()
@@ -122,40 +142,47 @@ def serve(runner: Runner, opts: Options) -> int:
     elector: LeaderElector | None = None
     shards: ShardManager | None = None
     recorder: TraceRecorder | None = None
+    owns: Callable[[str], bool] | None = None
+    may_write: Callable[[], bool] = _always
     if opts.record:
         recorder = TraceRecorder(opts.record, hash_key=opts.record_hash_key,
-                                 check_period_seconds=runner.settings.operations.check_period_seconds,
-                                 label_keys=runner.settings.selector_label_keys)
-        runner.on_observed = recorder.record
+                                 check_period_seconds=settings.operations.check_period_seconds,
+                                 label_keys=settings.selector_label_keys)
     if opts.leader_elect:
         namespace = opts.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
         identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-        elector = LeaderElector(runner.api, namespace, opts.lease_name, identity)
-        count = runner.settings.operations.shards
+        elector = LeaderElector(api, namespace, opts.lease_name, identity)
+        count = settings.operations.shards
         if count > 1:
             # Each shard's Lease decides who probes and writes its notebooks. The Lease kf-culler is still
             # held by one replica: the keep-until admission policy reads its renewTime as a clock.
             def shards_changed(held: list[int]) -> None:
                 metrics.observe_shards(held, count)
 
-            shards = ShardManager(runner.api, namespace, opts.lease_name, identity, count,
-                                  on_change=shards_changed)
+            shards = ShardManager(api, namespace, opts.lease_name, identity, count, on_change=shards_changed)
             metrics.observe_shards([], count)
-            runner.owns = shards.owns
+            owns = shards.owns
             shards.start()
         else:
-            runner.may_write = elector.is_leader
+            may_write = elector.is_leader
         elector.start()
-    elif runner.settings.operations.shards > 1:
+    elif settings.operations.shards > 1:
         log.warning("shards: %d needs --leader-elect; without it this process probes and writes every shard",
-                    runner.settings.operations.shards)
+                    settings.operations.shards)
 
     store = VerdictStore() if opts.api_address else None
-    instrument(runner, metrics, elector, store)
-    if not (runner.dry_run or runner.settings.operations.dry_run):  # notices of warnings and stops
+    notifier = None
+    if not (opts.dry_run or settings.operations.dry_run):  # notices of warnings and stops
         from kf_culler.notify.notifier import Notifier
 
-        runner.notifier = Notifier.for_settings(runner.settings, runner.api, metrics)
+        notifier = Notifier.for_settings(settings, api, metrics)
+    built: list[Runner] = []
+    on_result, on_cycle = observers(lambda: built[0], metrics, elector, store)
+    runner = Runner(settings, api, dry_run=opts.dry_run, records_namespace=opts.records_namespace,
+                    on_result=on_result, on_cycle=on_cycle, on_observed=recorder.record if recorder else None,
+                    owns=owns, may_write=may_write, notifier=notifier)
+    built.append(runner)
+    runner.install_signal_handlers()
     servers: list[HealthServer | ApiServer] = []
     if opts.metrics_address:
         health = HealthServer(opts.metrics_address, metrics, lambda: readiness(runner, shards))
@@ -163,7 +190,7 @@ def serve(runner: Runner, opts: Options) -> int:
         servers.append(health)
         log.info("serving /metrics, /healthz and /readyz on %s", opts.metrics_address)
     if opts.api_address and store is not None:
-        servers.append(ApiServer(opts.api_address, VerdictApi(store, TokenReviewer(runner.api))))
+        servers.append(ApiServer(opts.api_address, VerdictApi(store, TokenReviewer(api))))
         log.info("serving the verdict API /api/v1/ on %s", opts.api_address)
     for server in servers:
         server.start()

@@ -146,7 +146,7 @@ def test_run_logs_the_warnings_at_start(monkeypatch: pytest.MonkeyPatch, caplog:
     monkeypatch.setattr(service, "setup_logging", lambda json_logs: None)
     monkeypatch.setattr(service, "setup_tracing", stop)  # right after the start-up warnings
     with caplog.at_level(logging.WARNING, logger="kf_culler"), pytest.raises(_Stop):
-        service.serve(_FakeRunner(), service.Options())  # type: ignore[arg-type]
+        service.serve(load_mapping(CONFIG, "test"), None, service.Options())
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.startswith("rule 'long-for-labelled' loosens idleMinutes (600 > 60) and matches only on keys")
 
