@@ -191,7 +191,8 @@ build_wsc() {
   rm -rf "$dir" && mkdir -p "$dir" && cp -r "$src/." "$dir/" && chmod -R u+w "$dir"
   log "workspace-controller $WSC_VERSION: building from the source in $src"
   (cd "$dir" && timed go build -trimpath -o "$BIN_DIR/workspace-controller" ./cmd/)
-  mkdir -p "$BIN_DIR/workspace-crds" && cp "$src"/manifests/kustomize/base/crd/kubeflow.org_*.yaml "$BIN_DIR/workspace-crds/"
+  mkdir -p "$BIN_DIR/workspace-crds" && cp -f "$src"/manifests/kustomize/base/crd/kubeflow.org_*.yaml "$BIN_DIR/workspace-crds/" \
+    && chmod 0644 "$BIN_DIR"/workspace-crds/*.yaml
   stamp workspace-controller "$WSC_VERSION"
 }
 
