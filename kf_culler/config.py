@@ -368,8 +368,8 @@ class Operations(_Model):
     notifications: Notifications = Field(default_factory=Notifications)
     istio: IstioSettings = Field(default_factory=IstioSettings)
     brakes: BrakeSettings = Field(default_factory=BrakeSettings)
-    # Notebook writes (patches, records, Events) in flight at once: a pass that warns or stops thousands of
-    # notebooks ends within a period; each write backs off on 429 (API Priority and Fairness).
+    # Notebook writes (patches, records, Events) in flight at once; each write backs off on 429 (API Priority
+    # and Fairness). docs/performance.md, "Storms", has what a pass of thousands of stops costs.
     writes_in_flight: int = Field(default=16, alias="writesInFlight", ge=1, le=256)
     # Split the notebooks by namespace into this many shards, each held by one replica through its own
     # Lease (`run --leader-elect`); 1: one Lease, one writer (docs/install.md, "Scaling out").
