@@ -327,17 +327,22 @@ class Cycle:
 
     def _act_all(self, judged: list[Judged], now: datetime) -> tuple[list[NotebookResult], bool]:
         """Plan and write every judged notebook, with at most `writesInFlight` writes at once; results in the
-        pass's order. A stop request (SIGTERM) ends the pass between notebooks."""
+        pass's order. The records that must be stored before their patch (stops, warnings, restarts) are stored
+        first, all at once (`_store_before`). A stop request (SIGTERM) ends the pass between notebooks; a
+        record stored for a patch that was then not sent is taken back."""
         interrupted = False
         workers = self.settings.operations.writes_in_flight if self.writer is not None else 1
         context = otel_context.get_current()
+        stored = self._store_before(judged, now)
+        undo: list[tuple[str, str, str, CullerRecord | None]] = []
+        settled: set[tuple[str, str]] = set()  # pre-stored records whose patch was sent (or refused) and checked
 
         def act(j: Judged) -> NotebookResult | None:
             token = otel_context.attach(context)  # the notebook's span under the pass's, from any thread
             try:
                 if self.stop_flag.is_set():
                     return None
-                return self._act(j, now)
+                return self._act(j, now, stored.get(j.sel.key), undo, settled)
             except Exception:  # isolate per notebook: one failure never stops the sweep
                 log.exception("skipping %s/%s: its pass failed", *j.sel.key)
                 return None
@@ -355,8 +360,54 @@ class Cycle:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="write") as pool:
                 found = list(pool.map(act, judged))
             interrupted = self.stop_flag.is_set()
+        for j in judged:
+            change = stored.get(j.sel.key)
+            if change is not None and change is not _NOT_STORED and j.sel.key not in settled:
+                undo.append(self._restore(j.nb, j.sel.view))
+        self._undo_all(undo)
         results = [r for r in found if r is not None]
         return results, interrupted
+
+    def _store_before(self, judged: list[Judged], now: datetime) -> dict[tuple[str, str], RecordChange]:
+        """Store, in one patch per record bucket, every record change that must be kept before its notebook's
+        patch (kf_culler/record.py `before_patch`); the changes stored, by notebook. One each, in the writers'
+        threads, a storm's 7,000 stop records were 7,000 patches of the same 16 ConfigMaps."""
+        if self.writer is None or self.records is None or self.settings.operations.dry_run:
+            return {}
+        step = self.settings.operations.last_activity_step_minutes
+        wanted: dict[tuple[str, str], RecordChange] = {}
+        rows: list[tuple[str, str, str, CullerRecord | None]] = []
+        for j in judged:
+            view = j.sel.view
+            uid = (j.nb.get("metadata") or {}).get("uid")
+            if j.held or not isinstance(uid, str) or not self._may_store(str(view.namespace)):
+                continue
+            planned = plan(view, j.verdict, now, step)
+            change = planned.record
+            if change is None or not change.before_patch or planned.empty:
+                continue
+            wanted[j.sel.key] = change
+            rows.append((uid, str(view.namespace), str(view.name), change.record))
+        done = self.records.put_many(rows)
+        out: dict[tuple[str, str], RecordChange] = {}
+        for (key, change), row in zip(wanted.items(), rows, strict=True):
+            out[key] = change if row[0] in done else _NOT_STORED
+        return out
+
+    @staticmethod
+    def _restore(nb: dict[str, Any], view: NotebookView) -> tuple[str, str, str, CullerRecord | None]:
+        """The record as the pass read it, to store back over one recorded before a patch that did not land."""
+        return str((nb.get("metadata") or {}).get("uid")), str(view.namespace), str(view.name), view.record
+
+    def _undo_all(self, undo: list[tuple[str, str, str, CullerRecord | None]]) -> None:
+        """Store back, in one patch per bucket, the records of stops and warnings whose patch did not land; what
+        cannot be stored now goes with the pass's deferred writes (retried by every flush)."""
+        if not undo or self.records is None:
+            return
+        done = self.records.put_many(undo)
+        for uid, namespace, name, record in undo:
+            if uid not in done:
+                self.records.defer(uid, namespace, name, record)
 
     def _tampered(self, nb: dict[str, Any], source: str | None) -> str | None:
         """Why the probe must not go through the notebook's Service (a user may point it anywhere), or None.
@@ -403,24 +454,24 @@ class Cycle:
             return True
         return self.records.put(uid, str(view.namespace), str(view.name), change.record)
 
-    def _undo_record(self, nb: dict[str, Any], view: NotebookView, result: NotebookResult) -> None:
-        """A stop or a warning recorded before its patch whose patch did not land (or, re-planned after a 409,
-        did not stop or warn): the record goes back to what it was, so no restart is seen where there was no
-        stop, and no warning is taken as given that nobody got."""
+    def _landed(self, result: NotebookResult) -> bool:
+        """Whether a stop or a warning recorded before its patch was written (re-planned after a 409, it may
+        no longer stop or warn); anything else needs no undo."""
         change = result.plan.record if result.plan is not None else None
         write = result.write
         if change is None or self.records is None or write is None or not change.before_patch:
-            return
+            return True
         mark = {"stop": STOP_ANNOTATION, "warn": WARNED_AT_ANNOTATION}.get(result.verdict.action)
         if mark is None:
-            return
-        landed = write.outcome == "patched" and write.plan is not None and write.plan.annotations.get(mark) is not None
-        if not landed:
-            uid = str((nb.get("metadata") or {}).get("uid"))
-            self.records.put(uid, str(view.namespace), str(view.name), view.record)
+            return True
+        return write.outcome == "patched" and write.plan is not None and write.plan.annotations.get(mark) is not None
 
-    def _act(self, j: Judged, now: datetime) -> NotebookResult:
-        """Trace, plan and write one judged notebook (writes only when this culler writes)."""
+    def _act(self, j: Judged, now: datetime, stored: RecordChange | None = None,
+             undo: list[tuple[str, str, str, CullerRecord | None]] | None = None,
+             settled: set[tuple[str, str]] | None = None) -> NotebookResult:
+        """Trace, plan and write one judged notebook (writes only when this culler writes). `stored`: the record
+        change `_store_before` stored for it (`_NOT_STORED`: it could not be); a stop or warning recorded but not
+        written goes on `undo`, and the notebook on `settled` once that is checked."""
         nb, sel, verdict, observations, calls = j.nb, j.sel, j.verdict, j.observations, j.calls
         view, policy = sel.view, sel.policy
         (ns, name), pod = sel.key, view.pod
@@ -458,9 +509,22 @@ class Cycle:
                     def allowed() -> bool:
                         return may_write() and (owns is None or owns(ns))
 
-                    if self._store_record(nb, view, result.plan.record):
+                    if stored is _NOT_STORED:
+                        ok = False
+                    elif stored is not None and stored == result.plan.record:
+                        ok = True  # stored with the pass's others (`_store_before`)
+                    else:  # no change stored before (or, never expected, another one): stored now
+                        ok = self._store_record(nb, view, result.plan.record)
+                    if ok:
                         result.write = self.writer.apply(nb, result.plan, replan, now, allowed)
-                        self._undo_record(nb, view, result)
+                        if not self._landed(result):
+                            restore = self._restore(nb, view)
+                            if undo is not None:
+                                undo.append(restore)
+                            elif self.records is not None:
+                                self.records.put(*restore)
+                        if settled is not None:
+                            settled.add(sel.key)
                     else:
                         result.write = WriteResult("failed", plan=result.plan,
                                                    error="the culler's record could not be stored; not written")
@@ -475,6 +539,10 @@ class Cycle:
             if self.on_result is not None:
                 self.on_result(result)
             return result
+
+
+# A before-patch record change that could not be stored: its notebook is not written this pass.
+_NOT_STORED = RecordChange(CullerRecord(), before_patch=True)
 
 
 def _probe_span(tracer: trace.Tracer, call: Call, source: str) -> None:

@@ -3,18 +3,21 @@ landing; each write waits out a 429 (API Priority and Fairness) as the server as
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.faulty import FaultyServer
 
 from kf_culler.config import load_mapping
 from kf_culler.kube import backoff
 from kf_culler.kube.backoff import with_backoff
+from kf_culler.kube.records import bucket_names, bucket_of
 from kf_culler.local import objects as obj
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.runner import Runner
@@ -133,3 +136,89 @@ def test_a_writer_that_lost_its_lease_stops_waiting_out_429s() -> None:
     with pytest.raises(ApiException):
         with_backoff(call, sleep=lose_lease, give_up=lambda: not leader[0])
     assert calls[0] == 2 and waits == [5.0]  # tried, waited once, tried again, then gave up
+
+
+def storm_of(api: Any, namespace: str, names: list[str], faulty: FaultyServer) -> Any:
+    start = datetime.now(UTC)
+    for name in names:
+        obj.create_notebook(api, namespace, obj.notebook(name))
+        obj.running_pod(api, namespace, name, start - timedelta(hours=3))
+    return load_mapping({
+        "idleMinutes": 30, "warnMinutes": 0, "startupGraceMinutes": 0, "writesInFlight": 4,
+        "namespaces": {"include": [namespace]}, "urls": {"jupyter": faulty.base + "/{name}/"}}, "storm")
+
+
+def record_patches(api: Any) -> tuple[list[dict[str, Any]], Any]:
+    """Every ConfigMap merge patch the API server took, as (bucket, data) bodies; the original call_api."""
+    seen: list[dict[str, Any]] = []
+    original = api.call_api
+
+    def watching(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "PATCH" and "/configmaps/" in url:
+            body = kwargs["body"] if "body" in kwargs else args[1]
+            body = json.loads(body) if isinstance(body, str | bytes) else body
+            answer = original(method, url, *args, **kwargs)
+            if getattr(answer, "status", 200) >= 400:  # a 404 (no bucket yet): created, then patched again
+                return answer
+            seen.append({"bucket": url.split("?")[0].rsplit("/", 1)[-1], "data": dict(body["data"])})
+            return answer
+        return original(method, url, *args, **kwargs)
+
+    api.call_api = watching
+    return seen, original
+
+
+@pytest.mark.cluster
+def test_a_storm_stores_its_stop_records_in_one_patch_per_bucket(api: Any, namespace: str) -> None:
+    """40 stops in one pass: each stop's record is stored before its patch, all of them in at most one merge
+    patch per record bucket (16), not one patch per stop."""
+    names = [f"nb{i:02d}-ok" for i in range(40)]
+    with FaultyServer(idle_since=datetime.now(UTC) - timedelta(hours=1)) as faulty:
+        settings = storm_of(api, namespace, names, faulty)
+        seen, _ = record_patches(api)
+        with Runner(settings, api, records_namespace=namespace) as runner:
+            result = runner.once()
+    assert sum(r.write is not None and r.write.outcome == "patched" for r in result.results) == len(names)
+    with_stops = [p for p in seen if any(v and "stoppedAt" in v for v in p["data"].values())]
+    assert 0 < len(with_stops) <= len(bucket_names())
+    assert len({p["bucket"] for p in with_stops}) == len(with_stops)  # one patch per bucket
+    stop_values = [uid for p in with_stops for uid, v in p["data"].items() if v and "stoppedAt" in v]
+    uids = {obj.get_notebook(api, namespace, n)["metadata"]["uid"] for n in names}
+    assert sorted(stop_values) == sorted(uids)  # every stop's record, each once
+
+
+@pytest.mark.cluster
+def test_a_stop_whose_patch_fails_gets_its_record_back(api: Any, namespace: str) -> None:
+    """The records are stored first; a notebook whose patch then fails (here the API server answers 500 to
+    it) has its record taken back, so no restart is seen later where there was no stop."""
+    names = [f"nb{i:02d}-ok" for i in range(6)]
+    with FaultyServer(idle_since=datetime.now(UTC) - timedelta(hours=1)) as faulty:
+        settings = storm_of(api, namespace, names, faulty)
+        seen, original = record_patches(api)
+        watching = api.call_api
+
+        def refusing(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            if method == "PATCH" and url.endswith("/notebooks/nb03-ok"):
+                raise ApiException(status=500, reason="Internal Server Error")
+            return watching(method, url, *args, **kwargs)
+
+        api.call_api = refusing
+        with Runner(settings, api, records_namespace=namespace) as runner:
+            result = runner.once()
+        api.call_api = original
+    outcome = {r.name: r.write.outcome if r.write is not None else None for r in result.results}
+    assert outcome.pop("nb03-ok") == "failed"
+    assert set(outcome.values()) == {"patched"}
+    refused = obj.get_notebook(api, namespace, "nb03-ok")["metadata"]["uid"]
+    assert STOP_ANNOTATION not in (obj.get_notebook(api, namespace, "nb03-ok")["metadata"].get("annotations") or {})
+    first = next(p for p in seen if refused in p["data"])
+    assert "stoppedAt" in (first["data"][refused] or "")  # stored before the patch was tried
+    cm = client.CoreV1Api(api).read_namespaced_config_map(bucket_of(refused), namespace)
+    kept = (cm.data or {}).get(refused)
+    assert kept is None or "stoppedAt" not in json.loads(kept)  # and taken back
+    for name in names:
+        if name == "nb03-ok":
+            continue
+        uid = obj.get_notebook(api, namespace, name)["metadata"]["uid"]
+        cm = client.CoreV1Api(api).read_namespaced_config_map(bucket_of(uid), namespace)
+        assert "stoppedAt" in json.loads(cm.data[uid])
