@@ -2,7 +2,8 @@
 # Everything kf-culler's demo and tests need on a fresh machine; idempotent (seconds when done before).
 #
 #   bash hack/setup.sh            # Python package + test deps, control plane, notebook-controller,
-#                                 # Kubeflow's web app, Prometheus, code-server, Chromium, JupyterLab
+#                                 # the Workspace controller, Kubeflow's web app, Prometheus, code-server,
+#                                 # Chromium, JupyterLab
 #                                 # with kf-culler's extension
 #   KF_CULLER_SETUP=minimal ...   # only the Python package and the API-server binaries (the demo's needs)
 #
@@ -49,6 +50,8 @@ step "control plane from upstream Go modules (cached after the first build)" \
   quiet bash hack/controlplane/build.sh cluster
 step "Kubeflow's notebook-controller v1.11.0 (Go module proxy, else its source)" \
   quiet bash hack/controlplane/build.sh all
+step "Kubeflow Notebooks 2.0's Workspace controller v2.0.0-beta.0 (vendored source)" \
+  quiet bash hack/controlplane/build.sh workspaces
 step "Kubeflow's Jupyter web app backend v1.11.0 (its own virtualenv)" quiet bash hack/webapp/install.sh
 step "Prometheus (Debian package)" quiet apt_prometheus
 step "code-server and Node 24 (npm registry)" quiet bash hack/codeserver/install.sh

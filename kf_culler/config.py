@@ -114,6 +114,10 @@ class Urls(_Model):
 
     jupyter: str = "http://{name}.{namespace}.svc.{clusterDomain}/notebook/{namespace}/{name}/"
     code_server: str = Field(default="http://{name}.{namespace}.svc.{clusterDomain}/", alias="codeServer")
+    # A Workspace's IDE (Kubeflow Notebooks 2.0, docs/targets.md): its own Service, the port its WorkspaceKind
+    # gives, and `path`, the connect prefix `/workspace/connect/<namespace>/<name>/<portId>/` (or `/` for a
+    # port the kind serves at the root); `{name}` is the Workspace's.
+    workspace: str = "http://{service}.{namespace}.svc.{clusterDomain}:{port}{path}"
 
     def template_for(self, url_key: str | None) -> str | None:
         """The template of a `urls` key (`jupyter`, `codeServer`), or None."""
@@ -374,6 +378,10 @@ class Operations(_Model):
     # Split the notebooks by namespace into this many shards, each held by one replica through its own
     # Lease (`run --leader-elect`); 1: one Lease, one writer (docs/install.md, "Scaling out").
     shards: int = Field(default=1, ge=1, le=256)
+    # What the culler culls (kf_culler/targets.py, docs/targets.md): Kubeflow v1 Notebooks, Kubeflow
+    # Notebooks 2.0 Workspaces, or both.
+    targets: tuple[Literal["notebooks", "workspaces"], ...] = Field(default=("notebooks",), strict=False,
+                                                                     min_length=1)
 
 
 class SelectorRequirement(_Model):

@@ -20,7 +20,7 @@ from opentelemetry import trace
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes
 from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
-from kf_culler.gather import Gathered, Request, gather, template_for
+from kf_culler.gather import DNS_LABEL, Gathered, Request, gather, template_for
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer, WriteResult
 from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, WARNED_AT_ANNOTATION, InputError, Verdict
@@ -30,6 +30,7 @@ from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
+from kf_culler.targets import NOTEBOOKS, session_key
 
 if TYPE_CHECKING:
     from kf_culler.notify.notifier import Notifier
@@ -159,6 +160,9 @@ class Cycle:
     access_problem: Callable[[str], str | None] | None = None
     # The Node of a name (its GPU model label, rule 17), when the culler reads Nodes; None: it does not.
     nodes: Callable[[object], dict[str, Any] | None] | None = None
+    # A Workspace's IDE endpoint, (Service, port, path), or why it cannot be reached safely
+    # (kf_culler/kube/cache.py `workspace_endpoint`); None: Workspaces are not probed.
+    endpoint: Callable[[dict[str, Any]], tuple[str, int, str] | str] | None = None
 
     def node_for(self, pod: dict[str, Any] | None) -> dict[str, Any] | None:
         """The Node the pod runs on, when the culler reads Nodes (rule 17)."""
@@ -217,8 +221,7 @@ class Cycle:
             for nb, pod in items:
                 if not self.in_scope(nb):
                     continue
-                meta = nb.get("metadata") or {}
-                key = (str(meta.get("namespace")), str(meta.get("name")))
+                key = session_key(nb)  # (namespace, name); a Workspace's name is `Workspace/<name>`
                 try:
                     sel = self.select(nb, pod, started)
                     if sel is None:
@@ -238,11 +241,12 @@ class Cycle:
                     continue
                 pod_name = ((pod or {}).get("metadata") or {}).get("name")
                 source = SERVER_SOURCES.get(view.server_type)
-                tampered = self._tampered(nb, source)
-                if tampered is not None:
+                url, tampered = self._session_url(nb, view) if view.kind != NOTEBOOKS.kind else (
+                    None, self._tampered(nb, source))
+                if tampered is not None and source is not None:
                     untrusted[key] = (str(source), tampered)
                     source = None  # no IDE probe; the GPU is still asked
-                requests.append(Request(key[0], key[1], pod_name, source, view.gpus > 0))
+                requests.append(Request(key[0], key[1], pod_name, source, view.gpus > 0, url))
             span.set_attribute("kf_culler.notebooks", len(chosen))
             t_gather = time.monotonic()
             with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
@@ -259,8 +263,7 @@ class Cycle:
             now = self.clock()
             judged: list[Judged] = []
             for nb, _pod in chosen:
-                meta = nb.get("metadata") or {}
-                found = selections.get((str(meta.get("namespace")), str(meta.get("name"))))
+                found = selections.get(session_key(nb))
                 if found is None:  # not a notebook at all (logged when it was read)
                     continue
                 try:
@@ -418,6 +421,23 @@ class Cycle:
         if template is None or "{name}.{namespace}.svc" not in template:
             return None
         return self.service_problem(nb)
+
+    def _session_url(self, nb: dict[str, Any], view: NotebookView) -> tuple[str | None, str | None]:
+        """(the IDE's base URL, None) of a session whose target gives its endpoint (a Workspace), or (None, why
+        it is not probed). Built only from the admin's `urls.workspace` template and names the API server keeps
+        (the Service the Workspace controls, the WorkspaceKind's port): never from what the user writes."""
+        if self.endpoint is None:
+            return None, "the culler does not read this kind's endpoints"
+        found = self.endpoint(nb)
+        if isinstance(found, str):
+            return None, found
+        service, port, path = found
+        ns, name = str(view.namespace), str(view.name)
+        if not all(DNS_LABEL.match(x) for x in (ns, name, service)):
+            return None, "its names are not DNS labels"
+        template = self.settings.operations.urls.workspace
+        return template.format(service=service, namespace=ns, name=name, port=port, path=path,
+                               clusterDomain=self.settings.operations.cluster_domain), None
 
     def _record_of(self, nb: dict[str, Any], now: datetime) -> CullerRecord | None:
         """The culler's record of the notebook's uid; for a notebook it has none of, the one-time import of the

@@ -30,6 +30,9 @@ class Request:
     pod: str | None
     source: str | None  # "jupyter" | "codeServer" | "rstudio" | None
     gpu: bool
+    # The IDE's base URL when the session's target gives it (a Workspace: its own Service's port and path,
+    # kf_culler/targets.py), built from objects the user cannot point elsewhere; None: the `urls` template.
+    url: str | None = None
 
 
 SLOW_SECONDS = 1.0  # a notebook whose probes took longer gets a worker of the slow set next pass
@@ -75,7 +78,7 @@ async def _probe_one(fetcher: Fetcher, ops: Operations, req: Request) -> tuple[d
     probe = PROBES.get(req.source or "")
     if template is None or probe is None:
         return None, []
-    url = url_for(template, req.namespace, req.name, ops.cluster_domain)
+    url = req.url or url_for(template, req.namespace, req.name, ops.cluster_domain)
     if url is None:
         return {"error": "the notebook's name or namespace is not a DNS label; not probed"}, []
     return await probe(fetcher, url)

@@ -16,6 +16,7 @@ from kf_culler.config import GPU_MODEL_LABEL, Policy
 from kf_culler.ide import DEFAULT_SERVER_TYPE, KNOWN_SERVER_TYPES
 from kf_culler.model import SERVER_TYPE_ANNOTATION, InputError
 from kf_culler.record import CullerRecord
+from kf_culler.targets import NOTEBOOKS, is_stopped, target_of
 from kf_culler.timeutil import parse_time
 
 MAX_GPUS = 1 << 20  # a sum of huge requests stays a finite count
@@ -179,14 +180,16 @@ def declared_server_type(notebook: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def server_type(notebook: dict[str, Any], policy: Policy) -> str:
+def server_type(notebook: dict[str, Any], policy: Policy, pod: dict[str, Any] | None = None) -> str:
     """The server type the culler treats the notebook as (rule 4): the annotation's known value, else the
-    first container's image rule, else Jupyter. An unknown annotation value is Jupyter, Kubeflow's default
-    (rule 16): writing another value never turns the probe off."""
+    first container's image rule (a Workspace has no pod template of its own: its pod's), else Jupyter. An
+    unknown annotation value is Jupyter, Kubeflow's default (rule 16): writing another value never turns the
+    probe off."""
     value = declared_server_type(notebook)
     if value is not None:
         return value if value in KNOWN_SERVER_TYPES else DEFAULT_SERVER_TYPE
-    for c in template_containers(notebook)[:1]:
+    first = template_containers(notebook) if target_of(notebook) is NOTEBOOKS else pod_containers(pod)
+    for c in first[:1]:
         image = c.get("image")
         if isinstance(image, str):
             found = policy.server_type_for_image(image)
@@ -278,6 +281,14 @@ class NotebookView:
     record: CullerRecord | None = None  # what the culler itself recorded about this uid (rule 15)
     access_problem: str | None = None  # the culler's own access is confirmed missing (rule 16)
     unknown_server_type: str | None = None  # the annotation's value when it is not a known type (rule 16)
+    kind: str = NOTEBOOKS.kind  # the session's kind (kf_culler/targets.py): Notebook, Workspace
+    stopped: bool = False  # stopped by its target's meaning (rule 1): the stop annotation, spec.paused
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """The session's key in a pass (kf_culler/targets.py `session_key`)."""
+        ns, name = str(self.namespace), str(self.name)
+        return (ns, name) if self.kind == NOTEBOOKS.kind else (ns, f"{self.kind}/{name}")
 
     @classmethod
     def of(cls, notebook: dict[str, Any], pod: dict[str, Any] | None, policy: Policy, *,
@@ -298,7 +309,7 @@ class NotebookView:
             namespace=ns if isinstance(ns, str) else None,
             name=name if isinstance(name, str) else None,
             annotations=ann,
-            server_type=server_type(notebook, policy),
+            server_type=server_type(notebook, policy, pod),
             gpus=gpu_count(notebook, pod, policy.gpu_resources),
             pod=pod,
             pod_start=pod_start(pod),
@@ -309,6 +320,8 @@ class NotebookView:
             record=record,
             access_problem=access_problem,
             unknown_server_type=declared if declared is not None and declared not in KNOWN_SERVER_TYPES else None,
+            kind=target_of(notebook).kind,
+            stopped=is_stopped(notebook),
         )
 
     @property

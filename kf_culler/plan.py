@@ -68,7 +68,7 @@ def plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetim
 def _notebook_plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
                    trace_id: str | None) -> Plan:
     original = notebook.annotations if isinstance(notebook, NotebookView) else annotations_of(notebook)
-    if STOP_ANNOTATION in original:
+    if notebook.stopped if isinstance(notebook, NotebookView) else STOP_ANNOTATION in original:
         return Plan({})  # stopped stays stopped: never rewrite or remove a stop, ours or another's
     out: dict[str, str | None] = {}
     trace = f" (trace {trace_id})" if trace_id else ""

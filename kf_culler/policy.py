@@ -106,7 +106,7 @@ class Selected:
 
     @property
     def key(self) -> tuple[str, str]:
-        return str(self.view.namespace), str(self.view.name)
+        return self.view.key
 
 
 def _reads_alike(a: Policy, b: Policy) -> bool:
@@ -123,6 +123,6 @@ def selection(notebook: dict[str, Any], pod: dict[str, Any] | None, settings: Se
     view = NotebookView.of(notebook, pod, settings.policy, node=node, record=record, access_problem=access_problem)
     policy, rule = select(view, namespace_labels, settings)
     if not _reads_alike(policy, settings.policy):
-        view = dataclasses.replace(view, server_type=server_type(notebook, policy),
+        view = dataclasses.replace(view, server_type=server_type(notebook, policy, pod),
                                    gpus=gpu_count(notebook, pod, policy.gpu_resources))
     return Selected(view, policy, rule)

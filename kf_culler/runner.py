@@ -165,6 +165,7 @@ class Runner:
             records=self.records if cache is not None else None,
             nodes=cache.node if cache is not None and cache.reads_nodes else None,
             service_problem=cache.service_problem if cache is not None else None,
+            endpoint=cache.workspace_endpoint if cache is not None and cache.workspaces else None,
             access_problem=self.policies.access_problem if self.policies is not None and self.policies.enabled
             else None,
             brakes=self.settings.operations.brakes.limits if self.brakes else None,
@@ -173,7 +174,8 @@ class Runner:
 
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:
         self.cache = ClusterCache(self.api, self.settings.operations.namespaces.include,
-                                  records_namespace=self.records_namespace or own_namespace())
+                                  records_namespace=self.records_namespace or own_namespace(),
+                                  targets=self.settings.operations.targets)
         self.cache.start()
         if not self.cache.wait_synced(timeout):
             log.warning("the notebook cache has not synced after %.0f s; still trying", timeout)

@@ -69,3 +69,16 @@ def notebook_controller(full_cluster: Any) -> Any:
         except NotebookControllerUnavailable as why:
             missing("Kubeflow's notebook-controller", why)
     return full_cluster
+
+
+@pytest.fixture(scope="session")
+def workspace_controller(full_cluster: Any) -> Any:
+    """The session's full cluster with Kubeflow Notebooks 2.0's Workspace controller running on it (built from
+    the vendored source on first use: hack/controlplane/build.sh workspaces)."""
+    from kf_culler.local.workspaces import WorkspaceControllerUnavailable, start_workspace_controller
+
+    try:
+        start_workspace_controller(full_cluster)
+    except WorkspaceControllerUnavailable as why:
+        missing("Kubeflow's Workspace controller", why)
+    return full_cluster

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from need import missing
 
 from kf_culler.local import procs
 from kf_culler.local.cluster import GPU_NODE, LocalCluster
@@ -32,25 +31,13 @@ from kf_culler.local.workspaces import (
     VERSION,
     WORKSPACE_NAME_LABEL,
     WORKSPACES,
-    WorkspaceControllerUnavailable,
     connect_path,
-    start_workspace_controller,
     workspace_body,
     workspace_kind_body,
 )
 
 pytestmark = [pytest.mark.cluster]
 TIMEOUT = 60.0
-
-
-@pytest.fixture(scope="session")
-def workspace_controller(full_cluster: LocalCluster) -> LocalCluster:
-    """The session's full cluster with Kubeflow's Workspace controller running on it (built on first use)."""
-    try:
-        start_workspace_controller(full_cluster)
-    except WorkspaceControllerUnavailable as why:
-        missing("Kubeflow's Workspace controller", why)
-    return full_cluster
 
 
 @dataclass

@@ -18,9 +18,22 @@ from kf_culler.config import GPU_MODEL_LABEL
 from kf_culler.kube import GROUP, PLURAL, VERSION
 from kf_culler.kube.liststream import list_items
 from kf_culler.kube.pairing import Orphan, pair, service_problem
+from kf_culler.memory import release
+from kf_culler.targets import (
+    CONNECT_PREFIX,
+    NOTEBOOKS,
+    TARGETS,
+    WORKSPACES,
+    owned_by,
+    target_of,
+    workspace_pod,
+    workspace_port,
+    workspace_service,
+)
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
+SESSION_KINDS = tuple(t.kind for t in TARGETS.values())
 LIST_PAGE = 500  # objects per list request at most (as kubectl pages, --chunk-size=500)
 STREAM_CHUNK = 256 * 1024  # a list answer is read in chunks this size and split into its items as it comes
 # Collections of which the culler reads metadata only (StatefulSets: their owner): the API server sends
@@ -98,10 +111,11 @@ def _slim_pod(obj: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _slim_statefulset(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """A StatefulSet's identity and controller, for the ones a Notebook controls; None for the others."""
+    """A StatefulSet's identity and controller, for the ones a Notebook or a Workspace controls; None for the
+    others."""
     meta = _dict(obj.get("metadata"))
     owners = _controller_ref(meta)
-    if not any(r.get("kind") == "Notebook" for r in owners):
+    if not any(r.get("kind") in SESSION_KINDS for r in owners):
         return None
     return {"metadata": {**{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
                          "ownerReferences": owners}}
@@ -142,6 +156,39 @@ def _slim_notebook(obj: dict[str, Any]) -> dict[str, Any]:
     if status:
         out["status"] = {k: status[k] for k in ("readyReplicas", "containerState") if k in status}
     return out
+
+
+WORKSPACE_STATUS = ("state", "pauseTime", "lastRunningTime")
+
+
+def _slim_workspace(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the culler reads of a Workspace (Kubeflow Notebooks 2.0, kf_culler/targets.py): identity, labels and
+    annotations, `spec.paused`, its kind and chosen options, and the controller's state. Never its
+    `status.activity`, which is the controller's own culling's."""
+    meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
+    options = _dict(_dict(spec.get("podTemplate")).get("options"))
+    return {
+        "apiVersion": obj.get("apiVersion", WORKSPACES.api_version), "kind": WORKSPACES.kind,
+        "metadata": {k: meta[k] for k in NOTEBOOK_META if k in meta},
+        "spec": {**{k: spec[k] for k in ("paused", "kind") if k in spec},
+                 "podTemplate": {"options": _pick(options, ("imageConfig", "podConfig"))}},
+        "status": _pick(status, WORKSPACE_STATUS),
+    }
+
+
+def _slim_workspace_kind(obj: dict[str, Any]) -> dict[str, Any]:
+    """A WorkspaceKind's ports (ids, protocol, whether the app serves at `/`) and its images' port numbers:
+    how a Workspace's IDE is reached (kf_culler/targets.py `workspace_port`)."""
+    meta = _dict(obj.get("metadata"))
+    template = _dict(_dict(obj.get("spec")).get("podTemplate"))
+    ports = [{**_pick(p, ("id", "protocol")), "httpProxy": _pick(_dict(p).get("httpProxy"), ("removePathPrefix",))}
+             for p in template.get("ports") or [] if isinstance(p, dict)]
+    values = _dict(_dict(template.get("options")).get("imageConfig")).get("values")
+    kept = [{"id": v.get("id"), "spec": {"ports": [_pick(q, ("id", "port")) for q in
+                                                    _dict(v.get("spec")).get("ports") or [] if isinstance(q, dict)]}}
+            for v in (values if isinstance(values, list) else []) if isinstance(v, dict)]
+    return {"metadata": {"name": meta.get("name")},
+            "spec": {"podTemplate": {"ports": ports, "options": {"imageConfig": {"values": kept}}}}}
 
 
 def _slim_service(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -236,7 +283,12 @@ class _Collection:
         """List in pages of LIST_PAGE objects, each page read as a stream and split into its objects as it
         comes (kf_culler/kube/liststream.py): one object is decoded at a time and slimmed at once, so neither a
         relist of 10,000 notebooks nor a tenant's hundreds of 1.5 MiB Notebooks is ever held whole.
-        An expired continue token is a 410, which the loop answers with a fresh list."""
+        An expired continue token is a 410, which the loop answers with a fresh list.
+
+        What a list decoded and dropped (each big object whole for a moment, the previous dict on a relist)
+        is free C heap that glibc keeps; it is given back at the end of the list (kf_culler/memory.py), not at
+        the end of the next pass, on top of which it would otherwise count (20 stopped Notebooks of 1.4 MiB
+        left 11 MiB more resident after the sync, docs/performance.md)."""
         items: dict[Key, dict[str, Any]] = {}
         token = ""
         while True:
@@ -256,6 +308,7 @@ class _Collection:
                 break
         with self.lock:
             self.objects = items
+        release()
         self.lists += 1
         self.synced.set()
         return str(meta.get("resourceVersion", ""))
@@ -338,7 +391,8 @@ class _Collection:
 class ClusterCache:
     """Notebooks and notebook pods, cluster-wide or for a fixed list of namespaces."""
 
-    def __init__(self, api_client: Any, namespaces: tuple[str, ...] = (), records_namespace: str | None = None) -> None:
+    def __init__(self, api_client: Any, namespaces: tuple[str, ...] = (), records_namespace: str | None = None,
+                 targets: tuple[str, ...] = (NOTEBOOKS.name,)) -> None:
         from kubernetes import client
 
         from kf_culler.kube.records import RECORDS_SELECTOR
@@ -348,6 +402,7 @@ class ClusterCache:
         core = client.CoreV1Api(api_client)
         apps = client.AppsV1Api(api_client)
         self.notebooks: list[_Collection] = []
+        self.workspaces: list[_Collection] = []  # Kubeflow Notebooks 2.0 (`targets: [workspaces]`)
         self.pods: list[_Collection] = []
         self.statefulsets: list[_Collection] = []
         self.services: list[_Collection] = []
@@ -358,11 +413,17 @@ class ClusterCache:
         # Nodes for their GPU model (rule 17); optional: without the RBAC to read them, models come from the
         # notebook's template as before, and the culler says so once.
         self.nodes = _Collection("nodes", core.list_node, self.stop_event, slim=_slim_node, optional=True)
+        ws = WORKSPACES
         if namespaces:
             for ns in namespaces:
-                self.notebooks.append(_Collection(
-                    f"notebooks/{ns}", _bind(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL),
-                    self.stop_event, slim=_slim_notebook))
+                if NOTEBOOKS.name in targets:
+                    self.notebooks.append(_Collection(
+                        f"notebooks/{ns}", _bind(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL),
+                        self.stop_event, slim=_slim_notebook))
+                if ws.name in targets:
+                    self.workspaces.append(_Collection(
+                        f"workspaces/{ns}", _bind(custom.list_namespaced_custom_object, ws.group, ws.version, ns,
+                                                  ws.plural), self.stop_event, slim=_slim_workspace))
                 self.pods.append(_Collection(f"pods/{ns}", _bind(core.list_namespaced_pod, ns),
                                              self.stop_event, slim=_slim_pod))
                 self.statefulsets.append(_Collection(f"statefulsets/{ns}", _bind(apps.list_namespaced_stateful_set, ns),
@@ -370,19 +431,30 @@ class ClusterCache:
                 self.services.append(_Collection(f"services/{ns}", _bind(core.list_namespaced_service, ns),
                                                  self.stop_event, slim=_slim_service))
         else:
-            self.notebooks.append(_Collection(
-                "notebooks", _bind(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL), self.stop_event,
-                slim=_slim_notebook))
+            if NOTEBOOKS.name in targets:
+                self.notebooks.append(_Collection(
+                    "notebooks", _bind(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL), self.stop_event,
+                    slim=_slim_notebook))
+            if ws.name in targets:
+                self.workspaces.append(_Collection(
+                    "workspaces", _bind(custom.list_cluster_custom_object, ws.group, ws.version, ws.plural),
+                    self.stop_event, slim=_slim_workspace))
             self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, slim=_slim_pod))
             self.statefulsets.append(_Collection("statefulsets", apps.list_stateful_set_for_all_namespaces,
                                                  self.stop_event, slim=_slim_statefulset, metadata_only=True))
             self.services.append(_Collection("services", core.list_service_for_all_namespaces, self.stop_event,
                                              slim=_slim_service))
+        # WorkspaceKinds (cluster-scoped, a handful): how each Workspace's IDE is reached.
+        self.workspace_kinds: list[_Collection] = [_Collection(
+            "workspacekinds", _bind(custom.list_cluster_custom_object, ws.group, ws.version, "workspacekinds"),
+            self.stop_event, slim=_slim_workspace_kind)] if ws.name in targets else []
+        self._ws_services: dict[str, list[dict[str, Any]]] = {}  # by the controlling Workspace's uid
         self.orphans: list[Orphan] = []  # pods named like a notebook's that its ownership chain does not reach
 
     def _all(self) -> list[_Collection]:
         """The collections a pass needs synced (Nodes are optional: see `nodes`)."""
-        return self.notebooks + self.pods + self.statefulsets + self.services + self.records
+        return (self.notebooks + self.workspaces + self.workspace_kinds + self.pods + self.statefulsets
+                + self.services + self.records)
 
     def start(self) -> None:
         for c in [*self._all(), self.nodes]:
@@ -417,7 +489,38 @@ class ClusterCache:
         for c in self.pods:
             pods.update(c.snapshot())
         paired, self.orphans = pair(notebooks, statefulsets, pods)
+        if self.workspaces:
+            by_owner = owned_by(statefulsets, WORKSPACES.kind)
+            services: dict[Key, dict[str, Any]] = {}
+            for c in self.services:
+                services.update(c.snapshot())
+            self._ws_services = owned_by(services, WORKSPACES.kind)
+            found: dict[Key, dict[str, Any]] = {}
+            for c in self.workspaces:
+                found.update(c.snapshot())
+            paired += [(w, workspace_pod(w, by_owner, pods)) for _, w in sorted(found.items())]
         return paired
+
+    def workspace_endpoint(self, ws: dict[str, Any]) -> tuple[str, int, str] | str:
+        """(Service name, port, path) of a Workspace's IDE as of the last snapshot, or why it cannot be reached
+        safely: its own Service (kf_culler/targets.py `workspace_service`), the port its WorkspaceKind gives, the
+        connect path unless the kind serves the port at `/`."""
+        svc, why = workspace_service(ws, self._ws_services)
+        if svc is None:
+            return str(why)
+        kind_name = str((ws.get("spec") or {}).get("kind"))
+        kind = None
+        for c in self.workspace_kinds:
+            with c.lock:
+                kind = c.objects.get(("", kind_name), kind)
+        port = workspace_port(ws, kind)
+        if port is None:
+            return f"its WorkspaceKind {kind_name[:63]!r} gives no HTTP port for its image"
+        port_id, number, at_root = port
+        meta = ws.get("metadata") or {}
+        path = "/" if at_root else CONNECT_PREFIX.format(namespace=meta.get("namespace"), name=meta.get("name"),
+                                                         port_id=port_id)
+        return str((svc.get("metadata") or {}).get("name")), number, path
 
     def service_problem(self, notebook: dict[str, Any]) -> str | None:
         """Why the notebook's Service cannot be trusted to reach its own pod (kube/pairing.py), or None."""
@@ -445,9 +548,11 @@ class ClusterCache:
         return [cm for c in self.records for cm in c.snapshot().values()]
 
     def record_notebook(self, obj: dict[str, Any]) -> None:
+        """Keep a session as the culler's own patch left it (the watch will confirm it)."""
         ns = _key(obj)[0]
-        for c in self.notebooks:
-            if c.name in ("notebooks", f"notebooks/{ns}"):
+        target = target_of(obj)
+        for c in self.workspaces if target is WORKSPACES else self.notebooks:
+            if c.name in (target.plural, f"{target.plural}/{ns}"):
                 c.put(obj)
 
     def stats(self) -> dict[str, int]:

@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_none
 
-from kf_culler.kube import GROUP, PLURAL, VERSION
 from kf_culler.kube.backoff import with_backoff
 from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
 from kf_culler.plan import EventSpec, Plan
+from kf_culler.targets import WORKSPACES, stop_body, target_of
 from kf_culler.timeutil import format_time
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ class Writer:
 
         meta = notebook.get("metadata") or {}
         ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        target = target_of(notebook)
+        group, version, plural = target.group, target.version, target.plural
         result = WriteResult("unchanged", plan=first)
         current, todo = notebook, first
         # A 409 means the notebook changed since we read it: re-read it, re-plan from what it is now and
@@ -78,7 +80,7 @@ class Writer:
                     if attempt.retry_state.attempt_number > 1:  # the previous patch conflicted
                         try:
                             current = with_backoff(lambda: self.custom.get_namespaced_custom_object(
-                                GROUP, VERSION, ns, PLURAL, name, _request_timeout=REQUEST_TIMEOUT))
+                                group, version, ns, plural, name, _request_timeout=REQUEST_TIMEOUT))
                         except ApiException as gone:
                             result.outcome = "gone" if gone.status == 404 else "failed"
                             result.error = None if gone.status == 404 else f"HTTP {gone.status}: {gone.reason}"
@@ -93,13 +95,12 @@ class Writer:
                         result.outcome = "not-leader"
                         return result
                     result.attempts += 1
-                    body: dict[str, Any] = {"metadata": {
-                        "resourceVersion": (current.get("metadata") or {}).get("resourceVersion"),
-                        "annotations": todo.annotations}}
+                    body = stop_body(current, todo.annotations)  # a Workspace's stop is spec.paused
+                    body["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
                     try:
                         if todo.annotations:
                             current = with_backoff(functools.partial(
-                                self.custom.patch_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name, body,
+                                self.custom.patch_namespaced_custom_object, group, version, ns, plural, name, body,
                                 _content_type="application/merge-patch+json", _request_timeout=REQUEST_TIMEOUT),
                                 give_up=lambda: not may_write())
                             with self._count:
@@ -117,7 +118,7 @@ class Writer:
                         return _unreachable(result, ns, name, err)
                     result.outcome, result.notebook, result.plan = "patched", current, todo
         except _Conflict:
-            last = self._guarded(ns, name, replan, may_write, result)
+            last = self._guarded(target.kind, ns, name, replan, may_write, result)
             if last is None:
                 result.outcome = "conflict-exhausted"
                 return result
@@ -126,8 +127,8 @@ class Writer:
             result.event = self.event(current, result.plan.event, now)
         return result
 
-    def _guarded(self, ns: str, name: str, replan: Callable[[dict[str, Any]], Plan], may_write: Callable[[], bool],
-                 result: WriteResult) -> dict[str, Any] | None:
+    def _guarded(self, kind: str, ns: str, name: str, replan: Callable[[dict[str, Any]], Plan],
+                 may_write: Callable[[], bool], result: WriteResult) -> dict[str, Any] | None:
         """After MAX_CONFLICT_RETRIES 409s (a user's write loop on their own Notebook can make every
         resourceVersion-guarded patch lose): re-read, re-plan, and send the plan once as a JSON Patch that
         does not depend on the resourceVersion but `test`s what the decision read — the uid and every
@@ -135,9 +136,10 @@ class Writer:
         input still refuses it (422). The patched notebook, or None."""
         from kubernetes.client.rest import ApiException
 
+        target = target_of({"kind": kind})
         try:
             fresh = with_backoff(lambda: self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, ns, PLURAL, name, _request_timeout=REQUEST_TIMEOUT))
+                target.group, target.version, ns, target.plural, name, _request_timeout=REQUEST_TIMEOUT))
         except Exception:
             return None
         todo = replan(fresh)
@@ -150,18 +152,24 @@ class Writer:
         if ann is None:
             ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
             ann = {}
+        spec = fresh.get("spec") if isinstance(fresh.get("spec"), dict) else {}
+        if target is WORKSPACES and "paused" in spec:  # a Workspace's stop is a decision input too (rule 1)
+            ops.append({"op": "test", "path": "/spec/paused", "value": spec["paused"]})
         for key in DECISION_ANNOTATIONS:
             if key in ann:
                 ops.append({"op": "test", "path": _pointer(key), "value": ann[key]})
-        for key, value in todo.annotations.items():
+        body = stop_body(fresh, todo.annotations)
+        for key, value in body["metadata"]["annotations"].items():
             if value is not None:
                 ops.append({"op": "add", "path": _pointer(key), "value": value})
             elif key in ann:
                 ops.append({"op": "remove", "path": _pointer(key)})
+        if "spec" in body:  # a Workspace's stop (its spec exists: the API server requires it)
+            ops.append({"op": "add", "path": "/spec/paused", "value": True})
         result.attempts += 1
         try:
             patched: dict[str, Any] = with_backoff(lambda: self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, ns, PLURAL, name, ops, _content_type="application/json-patch+json",
+                target.group, target.version, ns, target.plural, name, ops, _content_type="application/json-patch+json",
                 _request_timeout=REQUEST_TIMEOUT), give_up=lambda: not may_write())
         except ApiException as err:
             if err.status in (409, 422):  # a decision input changed meanwhile: the next pass decides again
@@ -183,7 +191,8 @@ class Writer:
         stamp = format_time(now)
         body = {
             "metadata": {"generateName": f"{meta.get('name')}.", "namespace": ns},
-            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Notebook", "name": meta.get("name"),
+            "involvedObject": {"apiVersion": target_of(notebook).api_version, "kind": target_of(notebook).kind,
+                               "name": meta.get("name"),
                                "namespace": ns, "uid": meta.get("uid"),
                                "resourceVersion": meta.get("resourceVersion")},
             "type": spec.type, "reason": spec.reason, "message": spec.message[:1024],

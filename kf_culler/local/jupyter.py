@@ -17,10 +17,11 @@ from kf_culler.local import procs
 class JupyterServer(procs.LocalServer):
     what = "the Jupyter server"
 
-    def __init__(self, namespace: str, name: str, terminals: bool = True) -> None:
+    def __init__(self, namespace: str, name: str, terminals: bool = True, base_path: str | None = None) -> None:
         super().__init__("kf-culler-jupyter-", "server.log")
         self.namespace, self.name = namespace, name
-        self.base_path = f"/notebook/{namespace}/{name}/"
+        # Kubeflow's prefix by default; a Workspace's connect path for Kubeflow Notebooks 2.0
+        self.base_path = base_path or f"/notebook/{namespace}/{name}/"
         self.url = f"http://127.0.0.1:{self.port}{self.base_path}"
         self.terminals = terminals
 

@@ -76,16 +76,26 @@ class Notice:
         return self.namespace, self.name
 
 
+def _object(n: Notice) -> tuple[str, str]:
+    """(kubectl's resource, the object's name): a pass names a Workspace `Workspace/<name>` (kf_culler/targets.py)."""
+    kind, sep, name = n.name.partition("/")
+    return ("workspace", name) if sep and kind == "Workspace" else ("notebook", n.name)
+
+
 def keep_command(n: Notice) -> str | None:
     """The exact command that moves the stop, at most maxExtendMinutes (None when extensions are off)."""
     if n.max_extend_minutes <= 0 or n.stop_at is None:
         return None
     latest = n.stop_at + timedelta(minutes=n.max_extend_minutes)
-    return (f"kubectl annotate notebook {n.name} -n {n.namespace} "
+    resource, name = _object(n)
+    return (f"kubectl annotate {resource} {name} -n {n.namespace} "
             f"{KEEP_UNTIL_ANNOTATION}={format_time(latest)} --overwrite")
 
 
 def start_command(n: Notice) -> str:
+    resource, name = _object(n)
+    if resource == "workspace":
+        return f"kubectl patch workspace {name} -n {n.namespace} --type merge -p '{{\"spec\":{{\"paused\":false}}}}'"
     return f"kubectl annotate notebook {n.name} -n {n.namespace} {STOP_ANNOTATION}-"
 
 

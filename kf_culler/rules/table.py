@@ -15,7 +15,6 @@ from kf_culler.config import Policy
 from kf_culler.model import (
     EXEMPT_ANNOTATION,
     KEEP_UNTIL_ANNOTATION,
-    STOP_ANNOTATION,
     Action,
     InputError,
     RuleId,
@@ -60,7 +59,7 @@ def _clock(ev: Evidence) -> Clock:
 
 def stopped(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
     """Rule 1, stopped stays stopped."""
-    if STOP_ANNOTATION not in ev.annotations:
+    if not ev.view.stopped:
         return None
     return _plain(ev, "keep", "stopped", "The notebook is stopped; the culler leaves it as it is.", "1-stopped")
 

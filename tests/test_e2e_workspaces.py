@@ -1,0 +1,288 @@
+"""Kubeflow Notebooks 2.0 Workspaces culled end to end (docs/targets.md): Kubeflow's own Workspace controller
+(v2.0.0-beta.0, built from the vendored source), kube-controller-manager, kube-scheduler and a kwok node on the
+local control plane, and a real Jupyter server serving the Workspace's connect path behind the culler's URL
+template (kwok's pods run no containers: the router stands where the Workspace's Service would route).
+
+- An idle Workspace is paused by the culler: `spec.paused: true` (the controller then scales its StatefulSet to
+  0 and shows it Paused), the reason in our annotations and in a Warning Event on the Workspace, the culler's
+  record kept; `kubeflow-resource-stopped` is not written and the StatefulSet is never touched by the culler.
+- A Workspace whose kernel is busy is kept.
+- A Workspace its user resumes is seen as restarted (the culler's record) and not paused again at once.
+- A Workspace that something else paused (its user, the controller's own culling) is left alone: no record
+  of a stop, no restart claimed when it is resumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, utils
+from kubernetes.client.rest import ApiException
+from support.kustomize import render
+
+from kf_culler.config import load_mapping
+from kf_culler.cycle import NotebookResult
+from kf_culler.kube.records import bucket_of
+from kf_culler.local import procs
+from kf_culler.local.jupyter import JupyterServer
+from kf_culler.local.router import Router
+from kf_culler.local.workspaces import (
+    GROUP,
+    KINDS,
+    VERSION,
+    WORKSPACES,
+    connect_path,
+    workspace_body,
+    workspace_kind_body,
+)
+from kf_culler.model import REASON_ANNOTATION, STATE_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION
+from kf_culler.plan import EVENT_RESTART, EVENT_STOP
+from kf_culler.runner import Runner
+
+pytestmark = pytest.mark.cluster
+TIMEOUT = 60.0
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Env:
+    api: Any
+    namespace: str
+    kind: str
+    router: Router
+
+    @property
+    def custom(self) -> Any:
+        return client.CustomObjectsApi(self.api)
+
+    @property
+    def core(self) -> Any:
+        return client.CoreV1Api(self.api)
+
+    def workspace(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, WORKSPACES,
+                                                                         name)
+        return found
+
+    def create(self, name: str) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, WORKSPACES,
+                                                    workspace_body(self.namespace, name, self.kind))
+        procs.wait_until(lambda: self.workspace(name).get("status", {}).get("state") == "Running", TIMEOUT, 0.2,
+                         f"workspace {name} to be Running")
+
+    def pause(self, name: str, paused: bool) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, WORKSPACES, name,
+                                                   {"spec": {"paused": paused}})
+
+    def serve(self, name: str) -> JupyterServer:
+        """A real Jupyter server at the Workspace's connect path, reached through the router."""
+        server = JupyterServer(self.namespace, name, base_path=connect_path(self.namespace, name, "jupyterlab"))
+        server.__enter__()
+        self.router.add("ws", self.namespace, name, f"http://127.0.0.1:{server.port}", strip=True)
+        return server
+
+    def culler(self, **extra: Any) -> Runner:
+        settings = load_mapping({
+            "targets": ["workspaces"], "namespaces": {"include": [self.namespace]},
+            "idleMinutes": 0.05, "warnMinutes": 0, "startupGraceMinutes": 0.1,
+            "urls": {"workspace": f"{self.router.base}/ws/{{namespace}}/{{name}}{{path}}"},
+            "probe": {"timeoutSeconds": 5}, **extra}, "test")
+        return Runner(settings, self.api, records_namespace=self.namespace)
+
+    def events(self, name: str) -> list[Any]:
+        return [e for e in self.core.list_namespaced_event(self.namespace).items
+                if e.involved_object.kind == "Workspace" and e.involved_object.name == name]
+
+    def record(self, name: str) -> str | None:
+        uid = self.workspace(name)["metadata"]["uid"]
+        cm = self.core.read_namespaced_config_map(bucket_of(uid), self.namespace)
+        return (cm.data or {}).get(uid)
+
+
+@pytest.fixture()
+def env(workspace_controller: Any) -> Iterator[Env]:
+    api = workspace_controller.api_client()
+    suffix = uuid.uuid4().hex[:8]
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    namespace, kind = f"wse-{suffix}", f"jupyterlab-{suffix}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    custom.create_cluster_custom_object(GROUP, VERSION, KINDS, workspace_kind_body(kind))
+    with Router() as router:
+        try:
+            yield Env(api, namespace, kind, router)
+        finally:
+            with contextlib.suppress(Exception):
+                core.delete_namespace(namespace)
+            procs.wait_until(lambda: not core.list_namespaced_pod(namespace).items, TIMEOUT, 0.2,
+                             f"the pods of namespace {namespace} to be deleted")
+            with contextlib.suppress(Exception):
+                custom.delete_cluster_custom_object(GROUP, VERSION, KINDS, kind)
+
+
+def result_for(results: list[NotebookResult], name: str) -> NotebookResult:
+    found = [r for r in results if r.name == f"Workspace/{name}"]
+    assert len(found) == 1, [r.name for r in results]
+    return found[0]
+
+
+def until_action(runner: Runner, name: str, action: str, timeout: float = 30) -> NotebookResult:
+    deadline = time.monotonic() + timeout
+    while True:
+        r = result_for(runner.once().results, name)
+        if r.verdict.action == action or time.monotonic() > deadline:
+            return r
+        time.sleep(1)
+
+
+def test_an_idle_workspace_is_paused_with_its_reason_and_a_busy_one_is_kept(env: Env) -> None:
+    env.create("idle")
+    env.create("busy")
+    idle, busy = env.serve("idle"), env.serve("busy")
+    try:
+        kernel = busy.start_kernel()
+        busy.execute(kernel, "import time; time.sleep(600)")
+        with env.culler() as runner:
+            stopped = until_action(runner, "idle", "stop")
+            kept = result_for(runner.once().results, "busy")
+    finally:
+        idle.__exit__(None, None, None)
+        busy.__exit__(None, None, None)
+    assert stopped.verdict.action == "stop", stopped.verdict
+    assert stopped.write is not None and stopped.write.outcome == "patched", stopped.write
+    assert kept.verdict.action == "keep" and kept.verdict.state == "active", kept.verdict
+
+    ws = env.workspace("idle")
+    ann = ws["metadata"].get("annotations") or {}
+    assert ws["spec"]["paused"] is True
+    assert STOP_ANNOTATION not in ann  # a Workspace's stop is spec.paused alone
+    assert ann[STOPPED_BY_ANNOTATION] == "kf-culler" and ann[STATE_ANNOTATION] == "idle"
+    assert "idle" in ann[REASON_ANNOTATION].lower()
+    events = [e for e in env.events("idle") if e.reason == EVENT_STOP]
+    assert len(events) == 1 and events[0].type == "Warning" and events[0].message.startswith(ann[REASON_ANNOTATION])
+    record = env.record("idle")
+    assert record is not None and "stoppedAt" in record
+    # The controller does the rest: the StatefulSet at 0 and the Workspace Paused.
+    procs.wait_until(lambda: env.workspace("idle").get("status", {}).get("state") == "Paused", TIMEOUT, 0.2,
+                     "the controller to show the workspace Paused")
+    assert env.workspace("busy")["spec"]["paused"] is False
+
+
+def test_a_resumed_workspace_is_seen_restarted_and_one_paused_by_another_is_left_alone(env: Env) -> None:
+    env.create("mine")
+    env.create("theirs")
+    mine, theirs = env.serve("mine"), env.serve("theirs")
+    try:
+        env.pause("theirs", True)  # paused by its user (or the controller's own culling), not by the culler
+        with env.culler() as runner:
+            first = until_action(runner, "mine", "stop")
+            assert first.write is not None and first.write.outcome == "patched", first.write
+            other = result_for(runner.once().results, "theirs")
+            assert other.verdict.rule == "1-stopped" and other.write is None  # nothing written
+            env.pause("mine", False)  # the user resumes it, as the v2 web app's Start does
+            env.pause("theirs", False)
+            procs.wait_until(lambda: env.workspace("mine").get("status", {}).get("state") == "Running", TIMEOUT,
+                             0.2, "the resumed workspace to run")
+            procs.wait_until(lambda: env.workspace("theirs").get("status", {}).get("state") == "Running",
+                             TIMEOUT, 0.2, "the other workspace to run")
+            time.sleep(1)  # the cache sees the new pods
+            after = runner.once().results
+    finally:
+        mine.__exit__(None, None, None)
+        theirs.__exit__(None, None, None)
+    again = result_for(after, "mine")
+    assert again.verdict.rule == "3-restarted", again.verdict
+    assert again.verdict.action == "keep"
+    assert env.workspace("mine")["spec"]["paused"] is False  # not paused again at once
+    assert [e.reason for e in env.events("mine")].count(EVENT_RESTART) == 1
+    resumed = result_for(after, "theirs")
+    assert resumed.verdict.rule != "3-restarted", resumed.verdict  # the culler never stopped it
+    assert not [e for e in env.events("theirs") if e.reason in (EVENT_STOP, EVENT_RESTART)]
+
+
+def workspace_rbac(namespace: str, tmp: Path) -> list[dict[str, Any]]:
+    """The base's ServiceAccount and roles with components/workspaces, bound in `namespace` (cluster-scoped
+    copies named after it, as tests/test_rbac.py does)."""
+    rel = os.path.relpath(ROOT / "kustomize", tmp)
+    (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{rel}/base"], "components": [f"{rel}/components/workspaces"]}))
+    out = []
+    for o in render(tmp):
+        if o["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+            continue
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            o["metadata"]["name"] += f"-{namespace}"
+        else:
+            o["metadata"]["namespace"] = namespace
+        for s in o.get("subjects", []):
+            s["namespace"] = namespace
+        if o["kind"] == "ClusterRoleBinding":
+            o["roleRef"]["name"] += f"-{namespace}"
+        out.append(o)
+    return out
+
+
+def test_components_workspaces_rbac_pauses_a_workspace_and_nothing_more(env: Env, workspace_controller: Any,
+                                                                        tmp_path: Path) -> None:
+    """The culler as its ServiceAccount with the base's RBAC and components/workspaces: a Workspace is paused
+    and told why; its status, its StatefulSet and the Workspace itself are out of reach."""
+    objs = workspace_rbac(env.namespace, tmp_path)
+    try:
+        for o in objs:
+            utils.create_from_dict(env.api, o)
+        sa_api = workspace_controller.api_client(
+            workspace_controller.service_account_kubeconfig(env.namespace, "kf-culler"))
+        env.create("nb")
+        server = env.serve("nb")
+        try:
+            with env.culler() as admin_view:  # the settings, built once
+                settings = admin_view.settings
+            with Runner(settings, sa_api, records_namespace=env.namespace) as runner:
+                r = until_action(runner, "nb", "stop")
+        finally:
+            server.__exit__(None, None, None)
+        assert r.write is not None and r.write.outcome == "patched" and r.write.event == "created", r.write
+        assert env.workspace("nb")["spec"]["paused"] is True
+        custom, apps = client.CustomObjectsApi(sa_api), client.AppsV1Api(sa_api)
+        sts = [s for s in client.AppsV1Api(env.api).list_namespaced_stateful_set(env.namespace).items
+               if s.metadata.owner_references and s.metadata.owner_references[0].kind == "Workspace"]
+        assert sts
+
+        def status(call: Any) -> int:
+            try:
+                call()
+            except ApiException as err:
+                return int(err.status)
+            return 200
+
+        merge = "application/merge-patch+json"
+        assert status(lambda: custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, env.namespace, WORKSPACES, "nb", {"status": {"stateMessage": "x"}})) == 403
+        assert status(lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, env.namespace, WORKSPACES,
+                                                                     "nb")) == 403
+        assert status(lambda: custom.create_namespaced_custom_object(
+            GROUP, VERSION, env.namespace, WORKSPACES, workspace_body(env.namespace, "new", env.kind))) == 403
+        assert status(lambda: apps.patch_namespaced_stateful_set(sts[0].metadata.name, env.namespace,
+                                                                 {"spec": {"replicas": 0}},
+                                                                 _content_type=merge)) == 403
+        assert status(lambda: custom.patch_cluster_custom_object(GROUP, VERSION, KINDS, env.kind,
+                                                                 {"metadata": {"labels": {"x": "y"}}})) == 403
+    finally:
+        rbac = client.RbacAuthorizationV1Api(env.api)
+        for o in objs:
+            if o["kind"] == "ClusterRoleBinding":
+                with contextlib.suppress(ApiException):
+                    rbac.delete_cluster_role_binding(o["metadata"]["name"])
+            elif o["kind"] == "ClusterRole":
+                with contextlib.suppress(ApiException):
+                    rbac.delete_cluster_role(o["metadata"]["name"])

@@ -1,0 +1,120 @@
+"""The target layer's pure parts (kf_culler/targets.py, docs/targets.md): what a Workspace's stop, pod, Service and
+port are, read from objects shaped as Kubeflow Notebooks 2.0's Workspace controller v2.0.0-beta.0 makes them
+(tests/test_workspace_controller.py shows the real ones), and that a Notebook keeps its v1 meaning."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from kf_culler.config import load_mapping
+from kf_culler.decide import decide_view
+from kf_culler.local.workspaces import workspace_body, workspace_kind_body
+from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION
+from kf_culler.notebook import NotebookView
+from kf_culler.notify.message import Notice, keep_command, start_command
+from kf_culler.targets import (
+    WORKSPACE_NAME_LABEL,
+    WORKSPACES,
+    is_stopped,
+    owned_by,
+    session_key,
+    stop_body,
+    target_of,
+    workspace_pod,
+    workspace_port,
+    workspace_service,
+)
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def ws(name: str = "ws1", paused: bool = False, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    body = workspace_body("team", name, "jupyterlab", paused=paused)
+    body["metadata"]["uid"] = f"uid-{name}"
+    body["metadata"]["annotations"] = annotations or {}
+    return body
+
+
+def owned(kind: str, name: str, owner_kind: str, owner: str, uid: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": kind, "metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}", "ownerReferences": [
+        {"kind": owner_kind, "name": owner, "uid": uid, "controller": True}]}, **extra}
+
+
+def test_a_workspace_is_stopped_by_spec_paused_and_never_by_the_v1_annotation() -> None:
+    assert target_of(ws()) is WORKSPACES
+    assert is_stopped(ws(paused=True))
+    assert not is_stopped(ws(annotations={STOP_ANNOTATION: "2026-12-01T00:00:00Z"}))  # a user's mark: nothing
+    notebook = {"metadata": {"name": "nb", "namespace": "team", "annotations": {STOP_ANNOTATION: "x"}}}
+    assert is_stopped(notebook) and session_key(notebook) == ("team", "nb")
+    assert session_key(ws()) == ("team", "Workspace/ws1")
+
+
+def test_the_rules_keep_a_paused_workspace_and_stop_one_idle() -> None:
+    settings = load_mapping({"idleMinutes": 30, "warnMinutes": 0, "startupGraceMinutes": 0}, "t")
+    pod = {"metadata": {"name": "ws-ws1-abcde-0", "namespace": "team"},
+           "spec": {"containers": [{"name": "main", "image": "jupyter:1"}]},
+           "status": {"phase": "Running", "startTime": "2026-12-01T09:00:00Z"}}
+    idle = {"jupyter": {"status": {"last_activity": "2026-12-01T10:00:00Z", "started": "2026-12-01T09:00:00Z",
+                                   "connections": 0, "kernels": 0}, "kernels": [], "terminals": []}}
+    paused = decide_view(NotebookView.of(ws(paused=True), None, settings.policy), {}, settings.policy, NOW)
+    assert paused.rule == "1-stopped" and paused.action == "keep"
+    running = decide_view(NotebookView.of(ws(), pod, settings.policy), idle, settings.policy, NOW)
+    assert running.action == "stop", running
+
+
+def test_a_workspace_stop_is_spec_paused_with_our_annotations_and_no_v1_mark() -> None:
+    body = stop_body(ws(), {STOP_ANNOTATION: "2026-12-01T12:00:00Z", REASON_ANNOTATION: "idle"})
+    assert body == {"metadata": {"annotations": {REASON_ANNOTATION: "idle"}}, "spec": {"paused": True}}
+    assert stop_body(ws(), {REASON_ANNOTATION: "idle"}) == {"metadata": {"annotations": {REASON_ANNOTATION: "idle"}}}
+    notebook = {"kind": "Notebook", "metadata": {"name": "nb"}}
+    assert stop_body(notebook, {STOP_ANNOTATION: "t"}) == {"metadata": {"annotations": {STOP_ANNOTATION: "t"}}}
+
+
+def test_a_workspace_pod_is_found_by_ownership_only() -> None:
+    w = ws()
+    sts = owned("StatefulSet", "ws-ws1-abcde", "Workspace", "ws1", "uid-ws1")
+    pod = owned("Pod", "ws-ws1-abcde-0", "StatefulSet", "ws-ws1-abcde", "uid-ws-ws1-abcde")
+    pods = {("team", "ws-ws1-abcde-0"): pod}
+    assert workspace_pod(w, owned_by({("team", "s"): sts}, "Workspace"), pods) is pod
+    # a StatefulSet of the same name owned by something else, or a pod not owned by the StatefulSet: no pod
+    other = owned("StatefulSet", "ws-ws1-abcde", "Workspace", "ws1", "uid-someone-else")
+    assert workspace_pod(w, owned_by({("team", "s"): other}, "Workspace"), pods) is None
+    stray = owned("Pod", "ws-ws1-abcde-0", "StatefulSet", "ws-ws1-abcde", "uid-forged")
+    assert workspace_pod(w, owned_by({("team", "s"): sts}, "Workspace"), {("team", "ws-ws1-abcde-0"): stray}) is None
+    two = {("team", "a"): sts, ("team", "b"): owned("StatefulSet", "ws-ws1-zzzzz", "Workspace", "ws1", "uid-ws1")}
+    assert workspace_pod(w, owned_by(two, "Workspace"), pods) is None
+
+
+def test_only_the_workspaces_own_routing_service_is_probed() -> None:
+    w = ws()
+    good = owned("Service", "ws-ws1-h6nmx", "Workspace", "ws1", "uid-ws1",
+                 spec={"type": "ClusterIP", "selector": {WORKSPACE_NAME_LABEL: "ws1", "statefulset": "ws1"}})
+    assert workspace_service(w, owned_by({("team", "s"): good}, "Workspace")) == (good, None)
+    external = {**good, "spec": {"type": "ExternalName", "externalName": "elsewhere.example.com"}}
+    assert workspace_service(w, owned_by({("team", "s"): external}, "Workspace"))[1] == \
+        "the workspace's Service is of type ExternalName"
+    wide = {**good, "spec": {"type": "ClusterIP", "selector": {"statefulset": "ws1"}}}
+    assert "does not select" in str(workspace_service(w, owned_by({("team", "s"): wide}, "Workspace"))[1])
+    made_by_user = {**good, "metadata": {**good["metadata"], "ownerReferences": []}}
+    assert workspace_service(w, owned_by({("team", "s"): made_by_user}, "Workspace"))[1] == \
+        "the workspace has no Service of its own"
+
+
+def test_the_port_and_path_come_from_the_workspace_kind() -> None:
+    kind = workspace_kind_body("jupyterlab", port_id="jupyterlab", port=8888)
+    assert workspace_port(ws(), kind) == ("jupyterlab", 8888, False)
+    kind["spec"]["podTemplate"]["ports"][0]["httpProxy"]["removePathPrefix"] = True
+    assert workspace_port(ws(), kind) == ("jupyterlab", 8888, True)  # code-server, RStudio: served at `/`
+    assert workspace_port(ws(), None) is None
+    other = ws()
+    other["spec"]["podTemplate"]["options"]["imageConfig"] = "not-in-the-kind"
+    assert workspace_port(other, kind) is None
+
+
+def test_notices_tell_a_workspace_user_the_workspace_commands() -> None:
+    n = Notice("stop", "team", "Workspace/ws1", None, "idle", "idle", "5-idle", NOW, NOW, max_extend_minutes=60)
+    assert start_command(n) == """kubectl patch workspace ws1 -n team --type merge -p '{"spec":{"paused":false}}'"""
+    assert str(keep_command(n)).startswith("kubectl annotate workspace ws1 -n team ")
+    v1 = Notice("stop", "team", "nb", None, "idle", "idle", "5-idle", NOW, NOW)
+    assert start_command(v1) == f"kubectl annotate notebook nb -n team {STOP_ANNOTATION}-"
