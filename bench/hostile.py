@@ -8,7 +8,7 @@ notebooks with one of the hostile kinds, round robin: an endless header (1 KiB l
 line, a thousand short lines, a line every 0.25 s), 1 MiB of `[{},{},...]` for api/kernels, a list
 nested 25 deep, 2,000 kernels. `kf_culler.gather.gather` runs over them with the default Operations
 (only the Jupyter URL template points at the server), on the culler's uvloop loop, once per scenario,
-each scenario in a fresh child process: peak RSS (ru_maxrss) over the process's RSS before the pass,
+each scenario in a fresh child process: peak RSS (VmHWM) over the process's RSS before the pass,
 the gather time, the longest the loop was blocked (a 10 ms ticker), what `Gathered.observations`
 keeps, then the same pass again under tracemalloc for its peak. Figures only; no assertions.
 """
@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -45,10 +44,12 @@ with FaultyServer(port=int(sys.argv[2])) as server:
 """
 
 
-def rss_mib() -> float:
+def rss_mib(field: str = "VmRSS") -> float:
+    """This process's RSS (VmRSS), or its own peak RSS (VmHWM: not getrusage's ru_maxrss, which on Linux
+    carries over the parent's peak from before the fork and exec), in MiB."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
@@ -102,7 +103,7 @@ def scenario(port: int, ordinary: int, hostile: int) -> dict[str, Any]:
     run_async(gather(requests[:1], ops, datetime.now(UTC)))  # imports and first-use costs out of the way
     rss_before = rss_mib()
     got, seconds, gap = run_async(timed())
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_rss = rss_mib("VmHWM")
     errors = sum(1 for obs in got.observations.values() if "error" in obs.get("jupyter", {}))
     kept = deep_size(got.observations)
     kept_calls = deep_size(got.calls)

@@ -4,7 +4,7 @@
     python bench/cycle.py --notebooks 1000 --crossing 20 --hostile 20 --steady-minutes 4 --netns --json hb20.json
     python bench/hostile_fleet.py hb0.json hb20.json [more runs ...] [--json comparison.json]
 
-Each run's report (`--json` of bench/cycle.py) holds the culler child's peak RSS (getrusage), its passes,
+Each run's report (`--json` of bench/cycle.py) holds the culler child's own peak RSS (VmHWM), its passes,
 every notebook's verdicts (the distinct consecutive `action/state` of its passes, its last stop time
 from the fleet's start) and each crossing notebook's delay from its idle limit to its stop annotation.
 The runs without hostile notebooks are the base, the others the hostile runs; this prints each run, then

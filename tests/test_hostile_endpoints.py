@@ -11,6 +11,7 @@ one (hypothesis). The bounds and their sizes: docs/faults.md, "Hostile tenant".
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import sys
 import time
@@ -30,7 +31,7 @@ from kf_culler.local import objects as obj
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.readings import Unreadable, parse_code_server, parse_jupyter
 from kf_culler.sources import codeserver, jupyter
-from kf_culler.sources.http import MAX_HEADER_LINES, Call, Fetcher, json_shape_error
+from kf_culler.sources.http import MAX_HEADER_LINES, Call, Fetcher, _ValueCount, json_shape_error
 
 TIMEOUT = 2.0
 PROBE = ProbeSettings.model_validate({"timeoutSeconds": TIMEOUT, "connectTimeoutSeconds": 1.0, "retries": 1})
@@ -248,6 +249,32 @@ def test_the_shape_scan_is_cheap_for_a_mebibyte() -> None:
         t0 = time.perf_counter()
         json_shape_error(body, 20, 50_000)
         assert time.perf_counter() - t0 < 0.25
+
+
+def counted(body: bytes, cuts: list[int], max_values: int) -> str | None:
+    """The first refusal of a body's values counted as it arrives, cut at `cuts`."""
+    count = _ValueCount(max_values)
+    edges = [0, *sorted(c % (len(body) + 1) for c in cuts), len(body)]
+    return next((r for a, b in itertools.pairwise(edges) if (r := count.feed(body[a:b])) is not None), None)
+
+
+@settings(max_examples=1500, deadline=None, database=None)
+@given(st.one_of(st.binary(max_size=60), st.text(alphabet=st.sampled_from('[]{},"\\:a'), max_size=60).map(str.encode)),
+       st.lists(st.integers(0, 61), max_size=8), st.integers(1, 12))
+def test_the_value_count_as_the_body_arrives_agrees_with_the_shape_scan(body: bytes, cuts: list[int],
+                                                                         max_values: int) -> None:
+    """However the body is cut into reads (escapes and strings across them), the values counted as it
+    arrives refuse it exactly when the scan of the whole body refuses it for its values."""
+    whole = json_shape_error(body, 100, max_values)
+    assert (counted(body, cuts, max_values) is not None) == (whole is not None and "values" in whole), whole
+
+
+def test_a_flat_answer_is_refused_at_the_read_that_passes_the_cap() -> None:
+    """1 MiB of `[{},{},...]` in 64 KiB reads: refused at the second read (50,000 values are 73 KiB of it),
+    so only what came before it is held, never the whole answer and a joined copy of it."""
+    count = _ValueCount(50_000)
+    reads = [FLAT_BODY[i:i + 65536] for i in range(0, len(FLAT_BODY), 65536)]
+    assert [count.feed(r) for r in reads[:2]] == [None, "the JSON answer has over 50000 values"]
 
 
 def true_shape(value: Any, depth: int = 1) -> tuple[int, int, int]:

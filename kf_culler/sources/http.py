@@ -12,7 +12,8 @@ A notebook server is run by its user, so everything it sends is bounded before i
 event-loop time: the status line and headers (`probe.maxHeaderBytes`, at most MAX_HEADER_LINES lines),
 the body (`probe.maxResponseBytes`), all the bytes of one answer on the wire (framing included), and the
 shape of the JSON (`probe.maxJsonDepth`, `probe.maxJsonValues`), checked on the raw bytes before
-`json.loads` builds anything (`json_shape_error`). See docs/faults.md.
+`json.loads` builds anything (`json_shape_error`); the values are also counted as the body arrives
+(`_ValueCount`), so an answer with too many is dropped at the read that passes the cap. See docs/faults.md.
 """
 
 from __future__ import annotations
@@ -58,12 +59,50 @@ class Answer:
     keep_alive: bool
 
 
+class _ValueCount:
+    """`json_shape_error`'s count of values, kept as the body arrives: an answer with more than max_values
+    values is refused at the read that passes the cap, so what is held of it is bounded by the cap, not
+    by `probe.maxResponseBytes` (a 1 MiB `[{},{},...]` was read and joined whole, twice its size, before
+    the shape check refused it). Counted as `json_shape_error` counts the whole body, so the two agree."""
+
+    def __init__(self, max_values: int) -> None:
+        self.max_values = max_values
+        self.escape = False  # an odd run of backslashes ended the last piece: it escapes the next byte
+        self.in_string = False
+        self.quotes = 0
+        self.values = 1
+
+    def feed(self, data: bytes) -> str | None:
+        """Count one piece of the body; why the answer is refused, or None."""
+        raw = b"\\" + data if self.escape else data
+        kept = raw.rstrip(b"\\")
+        self.escape = (len(raw) - len(kept)) % 2 == 1  # pairs of a trailing run cancel out, as in the whole body
+        raw = kept
+        if b"\\" in raw:
+            raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+        quotes = raw.count(b'"')
+        if quotes:
+            parts = raw.split(b'"')
+            bare = b"".join(parts[1::2] if self.in_string else parts[::2])
+            self.in_string ^= quotes % 2 == 1
+            self.quotes += quotes
+        else:
+            bare = b"" if self.in_string else raw
+        self.values += bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+        if self.quotes // 2 > self.max_values:
+            return f"the JSON answer has over {self.max_values} values (strings)"
+        if self.values > self.max_values:
+            return f"the JSON answer has over {self.max_values} values"
+        return None
+
+
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection to a notebook server, one GET at a time."""
 
-    def __init__(self, limit: int, head_limit: int = 64 << 10) -> None:
+    def __init__(self, limit: int, head_limit: int = 64 << 10, max_values: int = 0) -> None:
         self.limit = limit
         self.head_limit = head_limit
+        self.max_values = max_values  # 0: the body's values are not counted as it comes
         # Every byte of one answer: headers, body and chunked framing (many tiny chunks, trailers).
         self.wire_limit = head_limit + 2 * limit
         self.parser = httptools.HttpResponseParser(self)
@@ -80,6 +119,7 @@ class _Connection(asyncio.Protocol):
         self.received = False  # any byte of the current answer
         self.headers_done = False
         self.framed = False  # Content-Length or chunked: the answer does not end with the connection
+        self.count = _ValueCount(self.max_values) if self.max_values else None
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -147,6 +187,8 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        if self.parser.get_status_code() != 200:
+            self.count = None  # only a 200's body is decoded; any other is refused by its status
 
     def on_body(self, body: bytes) -> None:
         if self.closed:
@@ -154,6 +196,10 @@ class _Connection(asyncio.Protocol):
         self.size += len(body)
         if self.size > self.limit:
             self._fail(Permanent(f"response exceeds the {self.limit}-byte cap"))
+            return
+        refused = self.count.feed(body) if self.count is not None else None
+        if refused is not None:
+            self._fail(_Refused(refused))
         else:
             self.chunks.append(body)
 
@@ -185,6 +231,12 @@ class _Connection(asyncio.Protocol):
             return await self.waiter
         finally:
             self.waiter = None  # the answer is the caller's alone: a closed connection does not keep it
+
+
+class _Refused(Permanent):
+    """A 200 whose body was refused as it arrived (`_ValueCount`): the call still records its status."""
+
+    status = 200
 
 
 class _Stale(Transient):
@@ -254,7 +306,11 @@ class Fetcher:
 
     async def _once(self, url: str, headers: dict[str, str] | None, call: Call) -> Any:
         target, request, close = _request(url, headers)
-        answer = await self._exchange(target, request, close)
+        try:
+            answer = await self._exchange(target, request, close)
+        except _Refused as err:
+            call.status = err.status
+            raise
         call.status = answer.status
         if answer.status in (502, 503, 504):
             raise Transient(f"HTTP {answer.status}")
@@ -321,14 +377,15 @@ class Fetcher:
     async def _connect(self, target: Target) -> _Connection:
         scheme, host, port = target
         loop = asyncio.get_running_loop()
-        limit, head_limit = self.settings.max_response_bytes, self.settings.max_header_bytes
+        limit, head_limit, values = (self.settings.max_response_bytes, self.settings.max_header_bytes,
+                                     self.settings.max_json_values)
         tls = None
         if scheme == "https":
             tls = self._tls = self._tls or ssl.create_default_context()
         try:
             async with asyncio.timeout(self.settings.connect_timeout_seconds):
-                _, conn = await loop.create_connection(lambda: _Connection(limit, head_limit), host, port, ssl=tls,
-                                                       server_hostname=host if tls else None)
+                _, conn = await loop.create_connection(lambda: _Connection(limit, head_limit, values), host, port,
+                                                       ssl=tls, server_hostname=host if tls else None)
         except TimeoutError:
             raise Transient(f"cannot connect to {host}:{port}: no answer within "
                             f"{self.settings.connect_timeout_seconds:g}s") from None
