@@ -234,6 +234,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             from kf_culler.demo_gpu import run_gpu_demo
 
             return run_gpu_demo(sys.stdout)
+        if args.target == "workspaces":
+            from kf_culler.demo_workspaces import run_workspaces_demo
+
+            return run_workspaces_demo(sys.stdout)
         from kf_culler.demo import run_demo
 
         return run_demo(sys.stdout, idle_seconds=args.idle_seconds, warn_seconds=args.warn_seconds)
@@ -337,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", action="store_true",
                    help="the GPU story: a full local cluster with Kubeflow's notebook-controller, where "
                    "stopping an idle notebook hands its GPU to one waiting")
+    p.add_argument("--target", choices=("notebooks", "workspaces"), default="notebooks",
+                   help="workspaces: a full local cluster with Kubeflow Notebooks 2.0's Workspace controller, "
+                   "where an idle Workspace is paused with its reason (docs/targets.md)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("fleet", help="write a seeded synthetic fleet trace (with ground truth) for replay",

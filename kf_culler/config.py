@@ -118,6 +118,9 @@ class Urls(_Model):
     # gives, and `path`, the connect prefix `/workspace/connect/<namespace>/<name>/<portId>/` (or `/` for a
     # port the kind serves at the root); `{name}` is the Workspace's.
     workspace: str = "http://{service}.{namespace}.svc.{clusterDomain}:{port}{path}"
+    # A plain workload's IDE (`targets: [workloads]`): through the Service named like the workload, which must
+    # select the workload's own pods; `{name}` is the workload's.
+    workload: str = "http://{name}.{namespace}.svc.{clusterDomain}/"
 
     def template_for(self, url_key: str | None) -> str | None:
         """The template of a `urls` key (`jupyter`, `codeServer`), or None."""
@@ -352,6 +355,47 @@ class Notifications(_Model):
         return self.email.enabled or bool(self.webhooks)
 
 
+class SelectorRequirement(_Model):
+    """One `matchExpressions` entry of a Kubernetes label selector."""
+
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = Field(default=(), strict=False)  # a YAML list
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> SelectorRequirement:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs values")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        return self
+
+
+class LabelSelector(_Model):
+    """A Kubernetes label selector: every matchLabels pair and every matchExpressions entry must hold."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
+    match_expressions: tuple[SelectorRequirement, ...] = Field(default=(), alias="matchExpressions",
+                                                               strict=False)
+
+
+class WorkloadSettings(_Model):
+    """Plain Deployments and StatefulSets as sessions (`targets: [workloads]`, docs/targets.md)."""
+
+    # Workloads with these labels (their owners can remove them: pair with an admission policy, or gpuWorkloads).
+    selector: LabelSelector | None = None
+    # Also every workload whose pod template requests a GPU (gpuResources), whatever its labels.
+    gpu_workloads: bool = Field(default=False, alias="gpuWorkloads")
+    kinds: tuple[Literal["Deployment", "StatefulSet"], ...] = Field(default=("Deployment", "StatefulSet"),
+                                                                    strict=False, min_length=1)
+
+    @model_validator(mode="after")
+    def _chooses(self) -> WorkloadSettings:
+        if self.selector is None and not self.gpu_workloads:
+            raise ValueError("workloads: give a selector, or gpuWorkloads: true (or both)")
+        return self
+
+
 class Operations(_Model):
     """Settings that shape how the culler runs, not what it decides."""
 
@@ -380,32 +424,16 @@ class Operations(_Model):
     shards: int = Field(default=1, ge=1, le=256)
     # What the culler culls (kf_culler/targets.py, docs/targets.md): Kubeflow v1 Notebooks, Kubeflow
     # Notebooks 2.0 Workspaces, or both.
-    targets: tuple[Literal["notebooks", "workspaces"], ...] = Field(default=("notebooks",), strict=False,
-                                                                     min_length=1)
-
-
-class SelectorRequirement(_Model):
-    """One `matchExpressions` entry of a Kubernetes label selector."""
-
-    key: str = Field(min_length=1)
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: tuple[str, ...] = Field(default=(), strict=False)  # a YAML list
+    targets: tuple[Literal["notebooks", "workspaces", "workloads"], ...] = Field(
+        default=("notebooks",), strict=False, min_length=1)
+    workloads: WorkloadSettings | None = None  # required with `targets: [workloads]`
 
     @model_validator(mode="after")
-    def _values_fit_operator(self) -> SelectorRequirement:
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"operator {self.operator} needs values")
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"operator {self.operator} takes no values")
+    def _workloads_chosen(self) -> Operations:
+        if "workloads" in self.targets and self.workloads is None:
+            raise ValueError("targets: workloads needs a `workloads:` section saying which ones (selector, "
+                             "gpuWorkloads)")
         return self
-
-
-class LabelSelector(_Model):
-    """A Kubernetes label selector: every matchLabels pair and every matchExpressions entry must hold."""
-
-    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
-    match_expressions: tuple[SelectorRequirement, ...] = Field(default=(), alias="matchExpressions",
-                                                               strict=False)
 
 
 class RuleMatch(_Model):

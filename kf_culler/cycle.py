@@ -20,7 +20,7 @@ from opentelemetry import trace
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes
 from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
-from kf_culler.gather import DNS_LABEL, Gathered, Request, gather, template_for
+from kf_culler.gather import DNS_LABEL, Gathered, Request, gather, template_for, url_for
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer, WriteResult
 from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, WARNED_AT_ANNOTATION, InputError, Verdict
@@ -30,7 +30,7 @@ from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
-from kf_culler.targets import NOTEBOOKS, session_key
+from kf_culler.targets import NOTEBOOKS, WORKSPACES, session_key
 
 if TYPE_CHECKING:
     from kf_culler.notify.notifier import Notifier
@@ -241,8 +241,9 @@ class Cycle:
                     continue
                 pod_name = ((pod or {}).get("metadata") or {}).get("name")
                 source = SERVER_SOURCES.get(view.server_type)
-                url, tampered = self._session_url(nb, view) if view.kind != NOTEBOOKS.kind else (
-                    None, self._tampered(nb, source))
+                url, tampered = self._session_url(nb, view) if view.kind == WORKSPACES.kind else (
+                    self._workload_url(nb, view, source) if view.kind != NOTEBOOKS.kind else (
+                        None, self._tampered(nb, source)))
                 if tampered is not None and source is not None:
                     untrusted[key] = (str(source), tampered)
                     source = None  # no IDE probe; the GPU is still asked
@@ -438,6 +439,20 @@ class Cycle:
         template = self.settings.operations.urls.workspace
         return template.format(service=service, namespace=ns, name=name, port=port, path=path,
                                clusterDomain=self.settings.operations.cluster_domain), None
+
+    def _workload_url(self, nb: dict[str, Any], view: NotebookView,
+                      source: str | None) -> tuple[str | None, str | None]:
+        """(the IDE's base URL, None) of a plain workload, from `urls.workload` and its namespace and name, or
+        (None, why it is not probed): through the Service `<name>` only when it selects the workload's pods."""
+        template = self.settings.operations.urls.workload
+        url = url_for(template, str(view.namespace), str(view.name), self.settings.operations.cluster_domain)
+        if url is None:
+            return None, "its names are not DNS labels"
+        if source is not None and self.service_problem is not None and "{name}.{namespace}.svc" in template:
+            problem = self.service_problem(nb)
+            if problem is not None:
+                return None, problem
+        return url, None
 
     def _record_of(self, nb: dict[str, Any], now: datetime) -> CullerRecord | None:
         """The culler's record of the notebook's uid; for a notebook it has none of, the one-time import of the

@@ -16,7 +16,7 @@ from kf_culler.config import GPU_MODEL_LABEL, Policy
 from kf_culler.ide import DEFAULT_SERVER_TYPE, KNOWN_SERVER_TYPES
 from kf_culler.model import SERVER_TYPE_ANNOTATION, InputError
 from kf_culler.record import CullerRecord
-from kf_culler.targets import NOTEBOOKS, is_stopped, target_of
+from kf_culler.targets import NOTEBOOKS, WORKSPACES, is_stopped, target_of
 from kf_culler.timeutil import parse_time
 
 MAX_GPUS = 1 << 20  # a sum of huge requests stays a finite count
@@ -188,7 +188,7 @@ def server_type(notebook: dict[str, Any], policy: Policy, pod: dict[str, Any] | 
     value = declared_server_type(notebook)
     if value is not None:
         return value if value in KNOWN_SERVER_TYPES else DEFAULT_SERVER_TYPE
-    first = template_containers(notebook) if target_of(notebook) is NOTEBOOKS else pod_containers(pod)
+    first = pod_containers(pod) if target_of(notebook) is WORKSPACES else template_containers(notebook)
     for c in first[:1]:
         image = c.get("image")
         if isinstance(image, str):

@@ -17,8 +17,9 @@ from typing import Any
 
 from kf_culler.config import DEFAULT_RULE, OVERRIDE_RULE_PREFIX, LabelSelector, Policy, RuleMatch, Settings
 from kf_culler.model import InputError
-from kf_culler.notebook import NotebookView, gpu_count, metadata_of, server_type
+from kf_culler.notebook import NotebookView, gpu_count, metadata_of, server_type, string_labels
 from kf_culler.record import CullerRecord
+from kf_culler.targets import WORKLOADS, target_of, uncontrolled
 
 
 def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
@@ -126,3 +127,17 @@ def selection(notebook: dict[str, Any], pod: dict[str, Any] | None, settings: Se
         view = dataclasses.replace(view, server_type=server_type(notebook, policy, pod),
                                    gpus=gpu_count(notebook, pod, policy.gpu_resources))
     return Selected(view, policy, rule)
+
+
+def selects_workload(workload: dict[str, Any], settings: Settings) -> bool:
+    """Whether a Deployment or StatefulSet is a session (`targets: [workloads]`, docs/targets.md): nothing controls
+    it, it is of a kind `workloads.kinds` names, and it carries the labels of `workloads.selector` or, with
+    `workloads.gpuWorkloads`, its pod template requests a GPU (its owner cannot relabel that away)."""
+    chosen = settings.operations.workloads
+    if chosen is None or not isinstance(workload, dict) or not uncontrolled(workload):
+        return False
+    if target_of(workload) not in WORKLOADS or workload.get("kind") not in chosen.kinds:
+        return False
+    if chosen.selector is not None and selector_matches(chosen.selector, string_labels(workload)):
+        return True
+    return chosen.gpu_workloads and gpu_count(workload, None, settings.policy.gpu_resources) > 0

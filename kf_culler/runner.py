@@ -25,7 +25,7 @@ from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer
 from kf_culler.memory import settle as settle_memory
 from kf_culler.plan import EVENT_CONTESTED, EVENT_ORPHAN, EventSpec
-from kf_culler.policy import policy_of
+from kf_culler.policy import policy_of, selects_workload
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.timeutil import format_time
 
@@ -175,7 +175,9 @@ class Runner:
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:
         self.cache = ClusterCache(self.api, self.settings.operations.namespaces.include,
                                   records_namespace=self.records_namespace or own_namespace(),
-                                  targets=self.settings.operations.targets)
+                                  targets=self.settings.operations.targets,
+                                  workloads=lambda o: selects_workload(o, self.settings),
+                                  workload_kinds=wl.kinds if (wl := self.settings.operations.workloads) else ())
         self.cache.start()
         if not self.cache.wait_synced(timeout):
             log.warning("the notebook cache has not synced after %.0f s; still trying", timeout)

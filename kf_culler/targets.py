@@ -36,8 +36,15 @@ class Target:
 
 NOTEBOOKS = Target("notebooks", "Notebook", "kubeflow.org", "v1", "notebooks")
 WORKSPACES = Target("workspaces", "Workspace", "kubeflow.org", "v1beta1", "workspaces")
-TARGETS = {t.name: t for t in (NOTEBOOKS, WORKSPACES)}
-_BY_KIND = {t.kind: t for t in TARGETS.values()}
+# Plain workloads (`targets: [workloads]`): Deployments and StatefulSets that nothing controls, stopped by
+# scaling to 0 (the structure of sessions run without Kubeflow: one pod, a GPU, a home PVC).
+DEPLOYMENTS = Target("workloads", "Deployment", "apps", "v1", "deployments")
+STATEFULSETS = Target("workloads", "StatefulSet", "apps", "v1", "statefulsets")
+TARGETS = {t.name: t for t in (NOTEBOOKS, WORKSPACES, DEPLOYMENTS)}
+WORKLOADS = (DEPLOYMENTS, STATEFULSETS)
+_BY_KIND = {t.kind: t for t in (NOTEBOOKS, WORKSPACES, *WORKLOADS)}
+# The replica count a workload had when the culler scaled it to 0 (for its user: what to scale back to).
+REPLICAS_BEFORE_ANNOTATION = "notebook-culler.io/replicas-before"
 
 
 def target_of(obj: Mapping[str, Any]) -> Target:
@@ -54,8 +61,11 @@ def is_stopped(obj: Mapping[str, Any]) -> bool:
     """Whether the session is stopped, by its own target's meaning: a Notebook with `kubeflow-resource-stopped`
     (whoever set it), a Workspace with `spec.paused: true` (the culler, its user or the controller's own
     culling)."""
-    if target_of(obj) is WORKSPACES:
+    target = target_of(obj)
+    if target is WORKSPACES:
         return _dict(obj.get("spec")).get("paused") is True
+    if target in WORKLOADS:
+        return _dict(obj.get("spec")).get("replicas") == 0
     return STOP_ANNOTATION in _dict(_dict(obj.get("metadata")).get("annotations"))
 
 
@@ -72,14 +82,22 @@ def session_key(obj: Mapping[str, Any]) -> Key:
 
 def stop_body(obj: Mapping[str, Any], annotations: Mapping[str, str | None]) -> dict[str, Any]:
     """The merge patch that writes a plan's annotations (a stop included) on the session: for a Notebook the
-    annotations as they are; for a Workspace the stop is `spec.paused: true` and `kubeflow-resource-stopped`
-    is not written (it means nothing there)."""
-    if target_of(obj) is not WORKSPACES:
+    annotations as they are; for a Workspace the stop is `spec.paused: true`, for a workload `spec.replicas: 0`
+    (with the count it had in `notebook-culler.io/replicas-before`), and `kubeflow-resource-stopped` is not
+    written on either (it means nothing there)."""
+    target = target_of(obj)
+    if target is NOTEBOOKS:
         return {"metadata": {"annotations": dict(annotations)}}
     ann = {k: v for k, v in annotations.items() if k != STOP_ANNOTATION}
     body: dict[str, Any] = {"metadata": {"annotations": ann}}
-    if annotations.get(STOP_ANNOTATION) is not None:
+    if annotations.get(STOP_ANNOTATION) is None:
+        return body
+    if target is WORKSPACES:
         body["spec"] = {"paused": True}
+    else:  # a workload: scaled to 0, the count it had kept for its user
+        before = _dict(obj.get("spec")).get("replicas")
+        ann[REPLICAS_BEFORE_ANNOTATION] = str(before if isinstance(before, int) else 1)
+        body["spec"] = {"replicas": 0}
     return body
 
 
@@ -166,4 +184,48 @@ def workspace_port(ws: Mapping[str, Any], kind: Mapping[str, Any] | None) -> tup
             continue
         at_root = _dict(declared.get("httpProxy")).get("removePathPrefix") is True
         return pid, int(port["port"]), at_root
+    return None
+
+
+def uncontrolled(obj: Mapping[str, Any]) -> bool:
+    """A workload that nothing controls: a Notebook's or a Workspace's StatefulSet, a Deployment's ReplicaSet or
+    an operator's objects are their controller's to scale, never the culler's."""
+    return controller_of(obj) is None
+
+
+def workload_pod(workload: Mapping[str, Any], replicasets: Mapping[str, list[dict[str, Any]]],
+                 pods_by_owner: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """A workload's pod, by ownership: a StatefulSet's pods are controlled by it, a Deployment's by its
+    ReplicaSets. With several (a rollout, more than one replica), the Running one that started first (the
+    session's), else the first by name. None when it has none."""
+    uid = uid_of(workload)
+    if target_of(workload) is DEPLOYMENTS:
+        pods = [p for rs in replicasets.get(uid, []) for p in pods_by_owner.get(uid_of(rs), [])]
+    else:
+        pods = list(pods_by_owner.get(uid, []))
+    if not pods:
+        return None
+    running = [p for p in pods if _dict(p.get("status")).get("phase") == "Running"
+               and not _dict(p.get("metadata")).get("deletionTimestamp")]
+    if running:
+        return min(running, key=lambda p: (str(_dict(p.get("status")).get("startTime") or ""),
+                                          str(_dict(p.get("metadata")).get("name"))))
+    return min(pods, key=lambda p: str(_dict(p.get("metadata")).get("name")))
+
+
+def workload_service_problem(workload: Mapping[str, Any], service: Mapping[str, Any] | None) -> str | None:
+    """Why the Service named like the workload cannot be trusted to reach the workload's own pods, or None: it
+    must route to endpoints (not ExternalName, not selector-less) and select a subset of the workload's pod
+    template labels. Every pod it can reach is then in the workload's namespace."""
+    name = str(_dict(workload.get("metadata")).get("name"))
+    if service is None:
+        return f"the workload has no Service {name}"
+    spec = _dict(service.get("spec"))
+    kind = spec.get("type") or "ClusterIP"
+    if kind not in ("ClusterIP", "NodePort", "LoadBalancer"):
+        return f"the Service {name} is of type {str(kind)[:20]}"
+    selector = spec.get("selector")
+    labels = _dict(_dict(_dict(_dict(workload.get("spec")).get("template")).get("metadata")).get("labels"))
+    if not isinstance(selector, dict) or not selector or any(labels.get(k) != v for k, v in selector.items()):
+        return f"the Service {name} does not select the workload's pods"
     return None

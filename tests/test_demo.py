@@ -119,3 +119,19 @@ def test_demo_gpu_hands_the_idle_notebooks_gpu_to_the_waiting_one() -> None:
     assert "kubeflow-resource-stopped: '" in out and "b is Running on gpu-node" in out
     assert "The culler keeps a while it waits (starting)" in out
     assert leftovers(mark) == []
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_demo_target_workspaces_pauses_the_idle_workspace() -> None:
+    """`kf-culler demo --target workspaces` end to end: the full local cluster, Kubeflow's Workspace controller
+    (built by hack/setup.sh), the idle Workspace paused with its reason, the busy one kept, nothing left."""
+    mark, env = demo_env()
+    done = subprocess.run([sys.executable, "-m", "kf_culler", "demo", "--target", "workspaces"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "idle is paused: spec.paused = True" in out
+    assert "Event IdleNotebookStopped (Warning) on Workspace idle: Stopped after" in out
+    assert "state 'Paused'" in out and "busy stays: spec.paused = False" in out
+    assert leftovers(mark) == []

@@ -4,6 +4,7 @@ command exists, and the shipped examples load."""
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,9 @@ def keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     for name, field in model.model_fields.items():
         key = prefix + (field.alias or name)
         ann = field.annotation
+        inner = [a for a in typing.get_args(ann) if a is not type(None)]  # `Section | None`: the section's keys
+        if len(inner) == 1 and isinstance(inner[0], type) and issubclass(inner[0], BaseModel):
+            ann = inner[0]
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             out += keys(ann, key + ".")
         else:

@@ -15,7 +15,6 @@ template (kwok's pods run no containers: the router stands where the Workspace's
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
-from support.kustomize import render
+from support.kustomize import component_rbac
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
@@ -50,7 +48,6 @@ from kf_culler.runner import Runner
 
 pytestmark = pytest.mark.cluster
 TIMEOUT = 60.0
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -209,34 +206,11 @@ def test_a_resumed_workspace_is_seen_restarted_and_one_paused_by_another_is_left
     assert not [e for e in env.events("theirs") if e.reason in (EVENT_STOP, EVENT_RESTART)]
 
 
-def workspace_rbac(namespace: str, tmp: Path) -> list[dict[str, Any]]:
-    """The base's ServiceAccount and roles with components/workspaces, bound in `namespace` (cluster-scoped
-    copies named after it, as tests/test_rbac.py does)."""
-    rel = os.path.relpath(ROOT / "kustomize", tmp)
-    (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [f"{rel}/base"], "components": [f"{rel}/components/workspaces"]}))
-    out = []
-    for o in render(tmp):
-        if o["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
-            continue
-        if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-            o["metadata"]["name"] += f"-{namespace}"
-        else:
-            o["metadata"]["namespace"] = namespace
-        for s in o.get("subjects", []):
-            s["namespace"] = namespace
-        if o["kind"] == "ClusterRoleBinding":
-            o["roleRef"]["name"] += f"-{namespace}"
-        out.append(o)
-    return out
-
-
 def test_components_workspaces_rbac_pauses_a_workspace_and_nothing_more(env: Env, workspace_controller: Any,
                                                                         tmp_path: Path) -> None:
     """The culler as its ServiceAccount with the base's RBAC and components/workspaces: a Workspace is paused
     and told why; its status, its StatefulSet and the Workspace itself are out of reach."""
-    objs = workspace_rbac(env.namespace, tmp_path)
+    objs = component_rbac("workspaces", env.namespace, tmp_path)
     try:
         for o in objs:
             utils.create_from_dict(env.api, o)

@@ -13,7 +13,9 @@ from kf_culler.local.workspaces import workspace_body, workspace_kind_body
 from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION
 from kf_culler.notebook import NotebookView
 from kf_culler.notify.message import Notice, keep_command, start_command
+from kf_culler.policy import selects_workload
 from kf_culler.targets import (
+    REPLICAS_BEFORE_ANNOTATION,
     WORKSPACE_NAME_LABEL,
     WORKSPACES,
     is_stopped,
@@ -21,6 +23,8 @@ from kf_culler.targets import (
     session_key,
     stop_body,
     target_of,
+    workload_pod,
+    workload_service_problem,
     workspace_pod,
     workspace_port,
     workspace_service,
@@ -118,3 +122,56 @@ def test_notices_tell_a_workspace_user_the_workspace_commands() -> None:
     assert str(keep_command(n)).startswith("kubectl annotate workspace ws1 -n team ")
     v1 = Notice("stop", "team", "nb", None, "idle", "idle", "5-idle", NOW, NOW)
     assert start_command(v1) == f"kubectl annotate notebook nb -n team {STOP_ANNOTATION}-"
+
+
+def deployment(name: str = "s", replicas: int = 1, labels: dict[str, str] | None = None, gpus: int = 1,
+               owner: str | None = None) -> dict[str, Any]:
+    res = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    meta: dict[str, Any] = {"name": name, "namespace": "team", "uid": f"uid-{name}", "labels": labels or {}}
+    if owner:
+        meta["ownerReferences"] = [{"kind": owner, "name": "x", "uid": "u", "controller": True}]
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+            "spec": {"replicas": replicas, "template": {"metadata": {"labels": {"session": name}},
+                                                        "spec": {"containers": [{"name": "c", "resources": res}]}}}}
+
+
+def test_a_workload_is_stopped_at_zero_replicas_and_its_stop_keeps_the_count() -> None:
+    assert not is_stopped(deployment()) and is_stopped(deployment(replicas=0))
+    assert session_key(deployment()) == ("team", "Deployment/s")
+    body = stop_body(deployment(replicas=2), {STOP_ANNOTATION: "t", REASON_ANNOTATION: "idle"})
+    assert body == {"metadata": {"annotations": {REASON_ANNOTATION: "idle", REPLICAS_BEFORE_ANNOTATION: "2"}},
+                    "spec": {"replicas": 0}}
+    n = Notice("stop", "team", "Deployment/s", None, "idle", "idle", "5-idle", NOW, NOW)
+    assert start_command(n) == "kubectl scale deployment s -n team --replicas=1"
+
+
+def test_which_workloads_are_sessions() -> None:
+    labelled = load_mapping({"targets": ["workloads"], "workloads": {"selector": {"matchLabels": {"s": "1"}}}}, "t")
+    gpu = load_mapping({"targets": ["workloads"], "workloads": {"gpuWorkloads": True}}, "t")
+    assert selects_workload(deployment(labels={"s": "1"}), labelled)
+    assert not selects_workload(deployment(), labelled)  # the label removed: not a session (docs/targets.md)
+    assert selects_workload(deployment(), gpu) and not selects_workload(deployment(gpus=0), gpu)
+    assert not selects_workload(deployment(labels={"s": "1"}, owner="Notebook"), labelled)  # its controller's
+    sts = {**deployment(labels={"s": "1"}), "kind": "StatefulSet"}
+    only_deployments = load_mapping({"targets": ["workloads"], "workloads": {
+        "selector": {"matchLabels": {"s": "1"}}, "kinds": ["Deployment"]}}, "t")
+    assert selects_workload(sts, labelled) and not selects_workload(sts, only_deployments)
+
+
+def test_a_deployments_pod_is_found_through_its_replicasets_and_its_service_checked() -> None:
+    d = deployment()
+    rs = owned("ReplicaSet", "s-abc", "Deployment", "s", "uid-s")
+    old = owned("Pod", "s-abc-1", "ReplicaSet", "s-abc", "uid-s-abc", status={"phase": "Running",
+                                                                               "startTime": "2026-12-01T09:00:00Z"})
+    new = owned("Pod", "s-abc-2", "ReplicaSet", "s-abc", "uid-s-abc", status={"phase": "Pending"})
+    forged = owned("Pod", "s-zzz-1", "ReplicaSet", "s-zzz", "uid-other", status={"phase": "Running"})
+    pods = {("team", p["metadata"]["name"]): p for p in (old, new, forged)}
+    found = workload_pod(d, owned_by({("team", "r"): rs}, "Deployment"), owned_by(pods, "ReplicaSet"))
+    assert found is old
+    assert workload_pod(d, {}, owned_by(pods, "ReplicaSet")) is None
+    svc = {"metadata": {"name": "s"}, "spec": {"type": "ClusterIP", "selector": {"session": "s"}}}
+    assert workload_service_problem(d, svc) is None
+    assert workload_service_problem(d, {**svc, "spec": {"type": "ExternalName"}}) == \
+        "the Service s is of type ExternalName"
+    assert "does not select" in str(workload_service_problem(d, {**svc, "spec": {"selector": {}}}))
+    assert "does not select" in str(workload_service_problem(d, {**svc, "spec": {"selector": {"app": "other"}}}))

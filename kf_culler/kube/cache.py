@@ -22,10 +22,12 @@ from kf_culler.memory import release
 from kf_culler.targets import (
     CONNECT_PREFIX,
     NOTEBOOKS,
-    TARGETS,
+    WORKLOADS,
     WORKSPACES,
     owned_by,
     target_of,
+    workload_pod,
+    workload_service_problem,
     workspace_pod,
     workspace_port,
     workspace_service,
@@ -33,7 +35,7 @@ from kf_culler.targets import (
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
-SESSION_KINDS = tuple(t.kind for t in TARGETS.values())
+SESSION_KINDS = (NOTEBOOKS.kind, WORKSPACES.kind)  # StatefulSets these control are paired with them
 LIST_PAGE = 500  # objects per list request at most (as kubectl pages, --chunk-size=500)
 STREAM_CHUNK = 256 * 1024  # a list answer is read in chunks this size and split into its items as it comes
 # Collections of which the culler reads metadata only (StatefulSets: their owner): the API server sends
@@ -81,20 +83,21 @@ def _controller_ref(meta: dict[str, Any]) -> list[dict[str, Any]]:
             for r in (refs if isinstance(refs, list) else []) if isinstance(r, dict) and r.get("controller") is True]
 
 
-def _kept_pod(meta: dict[str, Any]) -> bool:
+def _kept_pod(meta: dict[str, Any], replicaset_pods: bool = False) -> bool:
     """Pods a notebook can have: controlled by a StatefulSet, or named like a StatefulSet's first pod (a
     notebook's pod taken from its StatefulSet is still `<name>-0`; kf_culler/kube/pairing.py reports it)."""
     refs = _controller_ref(meta)
-    return any(r.get("kind") == "StatefulSet" for r in refs) or str(meta.get("name", "")).endswith("-0")
+    kinds = ("StatefulSet", "ReplicaSet") if replicaset_pods else ("StatefulSet",)
+    return any(r.get("kind") in kinds for r in refs) or str(meta.get("name", "")).endswith("-0")
 
 
-def _slim_pod(obj: dict[str, Any]) -> dict[str, Any] | None:
+def _slim_pod(obj: dict[str, Any], replicaset_pods: bool = False) -> dict[str, Any] | None:
     """The parts of a pod the culler reads (identity, labels and its controller, containers' and init
     containers' images and resources, the node, phase and start time, the Ready condition and the
     containers' restarts and states); None for a pod no notebook can have. A notebook pod with its sidecars,
     env and volumes is many kilobytes of JSON; 10,000 of them whole would be most of the culler's memory."""
     meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
-    if not _kept_pod(meta):
+    if not _kept_pod(meta, replicaset_pods):
         return None
     pod_spec = _slim_containers(spec)
     if "nodeName" in spec:
@@ -156,6 +159,41 @@ def _slim_notebook(obj: dict[str, Any]) -> dict[str, Any]:
     if status:
         out["status"] = {k: status[k] for k in ("readyReplicas", "containerState") if k in status}
     return out
+
+
+Slimmer = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+def _workload_slim(kind: str, keep: Callable[[dict[str, Any]], bool]) -> Slimmer:
+    """The slimmer of a plain workload's collection (`targets: [workloads]`): None for the Deployments or
+    StatefulSets that are not sessions (`keep`: kf_culler/policy.py `selects_workload`), else what the culler
+    reads: identity, labels and annotations, the replica count, the pod template's labels, containers and node
+    selection. A built-in list's items carry no kind: it is set here."""
+    def slim(obj: dict[str, Any]) -> dict[str, Any] | None:
+        obj = {**obj, "apiVersion": "apps/v1", "kind": kind}
+        if not keep(obj):
+            return None
+        meta, spec = _dict(obj.get("metadata")), _dict(obj.get("spec"))
+        template = _dict(spec.get("template"))
+        out = _slim_notebook(obj)
+        out["spec"]["template"]["metadata"] = {"labels": _dict(_dict(template.get("metadata")).get("labels"))}
+        if "replicas" in spec:
+            out["spec"]["replicas"] = spec["replicas"]
+        out["metadata"] = {k: meta[k] for k in NOTEBOOK_META if k in meta}
+        out.pop("status", None)
+        return out
+
+    return slim
+
+
+def _slim_replicaset(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """A ReplicaSet's identity and controller, for the ones a Deployment controls (a workload's pods)."""
+    meta = _dict(obj.get("metadata"))
+    owners = _controller_ref(meta)
+    if not any(r.get("kind") == "Deployment" for r in owners):
+        return None
+    return {"metadata": {**{k: meta[k] for k in ("name", "namespace", "uid") if k in meta},
+                         "ownerReferences": owners}}
 
 
 WORKSPACE_STATUS = ("state", "pauseTime", "lastRunningTime")
@@ -392,7 +430,9 @@ class ClusterCache:
     """Notebooks and notebook pods, cluster-wide or for a fixed list of namespaces."""
 
     def __init__(self, api_client: Any, namespaces: tuple[str, ...] = (), records_namespace: str | None = None,
-                 targets: tuple[str, ...] = (NOTEBOOKS.name,)) -> None:
+                 targets: tuple[str, ...] = (NOTEBOOKS.name,),
+                 workloads: Callable[[dict[str, Any]], bool] | None = None,
+                 workload_kinds: tuple[str, ...] = ("Deployment", "StatefulSet")) -> None:
         from kubernetes import client
 
         from kf_culler.kube.records import RECORDS_SELECTOR
@@ -403,6 +443,12 @@ class ClusterCache:
         apps = client.AppsV1Api(api_client)
         self.notebooks: list[_Collection] = []
         self.workspaces: list[_Collection] = []  # Kubeflow Notebooks 2.0 (`targets: [workspaces]`)
+        # Plain Deployments and StatefulSets (`targets: [workloads]`; `workloads` says which are sessions), and
+        # the ReplicaSets between a Deployment and its pods.
+        self.workloads: list[_Collection] = []
+        self.replicasets: list[_Collection] = []
+        on = workloads is not None and "workloads" in targets
+        keep = workloads or (lambda _o: False)
         self.pods: list[_Collection] = []
         self.statefulsets: list[_Collection] = []
         self.services: list[_Collection] = []
@@ -425,7 +471,9 @@ class ClusterCache:
                         f"workspaces/{ns}", _bind(custom.list_namespaced_custom_object, ws.group, ws.version, ns,
                                                   ws.plural), self.stop_event, slim=_slim_workspace))
                 self.pods.append(_Collection(f"pods/{ns}", _bind(core.list_namespaced_pod, ns),
-                                             self.stop_event, slim=_slim_pod))
+                                             self.stop_event, slim=lambda o: _slim_pod(o, on)))
+                if on:
+                    self._watch_workloads(custom, apps, ns, keep, workload_kinds)
                 self.statefulsets.append(_Collection(f"statefulsets/{ns}", _bind(apps.list_namespaced_stateful_set, ns),
                                                      self.stop_event, slim=_slim_statefulset, metadata_only=True))
                 self.services.append(_Collection(f"services/{ns}", _bind(core.list_namespaced_service, ns),
@@ -439,7 +487,10 @@ class ClusterCache:
                 self.workspaces.append(_Collection(
                     "workspaces", _bind(custom.list_cluster_custom_object, ws.group, ws.version, ws.plural),
                     self.stop_event, slim=_slim_workspace))
-            self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event, slim=_slim_pod))
+            self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event,
+                                         slim=lambda o: _slim_pod(o, on)))
+            if on:
+                self._watch_workloads(custom, apps, None, keep, workload_kinds)
             self.statefulsets.append(_Collection("statefulsets", apps.list_stateful_set_for_all_namespaces,
                                                  self.stop_event, slim=_slim_statefulset, metadata_only=True))
             self.services.append(_Collection("services", core.list_service_for_all_namespaces, self.stop_event,
@@ -451,10 +502,27 @@ class ClusterCache:
         self._ws_services: dict[str, list[dict[str, Any]]] = {}  # by the controlling Workspace's uid
         self.orphans: list[Orphan] = []  # pods named like a notebook's that its ownership chain does not reach
 
+    def _watch_workloads(self, custom: Any, apps: Any, ns: str | None, keep: Callable[[dict[str, Any]], bool],
+                         kinds: tuple[str, ...]) -> None:
+        """The collections of plain workloads in a namespace (None: cluster-wide)."""
+        where = f"/{ns}" if ns else ""
+        for target in WORKLOADS:
+            if target.kind not in kinds:
+                continue
+            lister = (_bind(custom.list_namespaced_custom_object, target.group, target.version, ns, target.plural)
+                      if ns else _bind(custom.list_cluster_custom_object, target.group, target.version,
+                                       target.plural))
+            self.workloads.append(_Collection(f"workloads/{target.plural}{where}", lister, self.stop_event,
+                                              slim=_workload_slim(target.kind, keep)))
+        if "Deployment" in kinds:
+            lister = (_bind(apps.list_namespaced_replica_set, ns) if ns else apps.list_replica_set_for_all_namespaces)
+            self.replicasets.append(_Collection(f"replicasets{where}", lister, self.stop_event,
+                                                slim=_slim_replicaset, metadata_only=True))
+
     def _all(self) -> list[_Collection]:
         """The collections a pass needs synced (Nodes are optional: see `nodes`)."""
-        return (self.notebooks + self.workspaces + self.workspace_kinds + self.pods + self.statefulsets
-                + self.services + self.records)
+        return (self.notebooks + self.workspaces + self.workspace_kinds + self.workloads + self.replicasets
+                + self.pods + self.statefulsets + self.services + self.records)
 
     def start(self) -> None:
         for c in [*self._all(), self.nodes]:
@@ -499,6 +567,17 @@ class ClusterCache:
             for c in self.workspaces:
                 found.update(c.snapshot())
             paired += [(w, workspace_pod(w, by_owner, pods)) for _, w in sorted(found.items())]
+        if self.workloads:
+            sets: dict[Key, dict[str, Any]] = {}
+            for c in self.replicasets:
+                sets.update(c.snapshot())
+            pods_by_owner = {**owned_by(pods, "ReplicaSet"), **owned_by(pods, "StatefulSet")}
+            by_deployment = owned_by(sets, "Deployment")
+            chosen: list[tuple[tuple[str, str, str], dict[str, Any]]] = []
+            for c in self.workloads:
+                chosen += [((k[0], str(o.get("kind")), k[1]), o) for k, o in c.snapshot().items()]
+            paired += [(w, workload_pod(w, by_deployment, pods_by_owner)) for _, w in sorted(chosen,
+                                                                                           key=lambda x: x[0])]
         return paired
 
     def workspace_endpoint(self, ws: dict[str, Any]) -> tuple[str, int, str] | str:
@@ -523,13 +602,16 @@ class ClusterCache:
         return str((svc.get("metadata") or {}).get("name")), number, path
 
     def service_problem(self, notebook: dict[str, Any]) -> str | None:
-        """Why the notebook's Service cannot be trusted to reach its own pod (kube/pairing.py), or None."""
+        """Why the notebook's (or a workload's) Service `<name>` cannot be trusted to reach its own pod
+        (kube/pairing.py, kf_culler/targets.py), or None."""
         meta = notebook.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         found = None
         for c in self.services:
             with c.lock:
                 found = c.objects.get(key, found)
+        if target_of(notebook) in WORKLOADS:
+            return workload_service_problem(notebook, found)
         return service_problem(notebook, found)
 
     def node(self, name: object) -> dict[str, Any] | None:
@@ -551,6 +633,11 @@ class ClusterCache:
         """Keep a session as the culler's own patch left it (the watch will confirm it)."""
         ns = _key(obj)[0]
         target = target_of(obj)
+        if target in WORKLOADS:
+            for c in self.workloads:
+                if c.name in (f"workloads/{target.plural}", f"workloads/{target.plural}/{ns}"):
+                    c.put(obj)
+            return
         for c in self.workspaces if target is WORKSPACES else self.notebooks:
             if c.name in (target.plural, f"{target.plural}/{ns}"):
                 c.put(obj)

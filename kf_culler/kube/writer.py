@@ -18,7 +18,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from kf_culler.kube.backoff import with_backoff
 from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
 from kf_culler.plan import EventSpec, Plan
-from kf_culler.targets import WORKSPACES, stop_body, target_of
+from kf_culler.targets import WORKLOADS, WORKSPACES, stop_body, target_of
 from kf_culler.timeutil import format_time
 
 log = logging.getLogger(__name__)
@@ -153,8 +153,10 @@ class Writer:
             ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
             ann = {}
         spec = fresh.get("spec") if isinstance(fresh.get("spec"), dict) else {}
-        if target is WORKSPACES and "paused" in spec:  # a Workspace's stop is a decision input too (rule 1)
-            ops.append({"op": "test", "path": "/spec/paused", "value": spec["paused"]})
+        # What "stopped" is read from is a decision input too (rule 1): a Workspace's paused, a workload's replicas
+        stop_field = "paused" if target is WORKSPACES else "replicas" if target in WORKLOADS else None
+        if stop_field is not None and stop_field in spec:
+            ops.append({"op": "test", "path": f"/spec/{stop_field}", "value": spec[stop_field]})
         for key in DECISION_ANNOTATIONS:
             if key in ann:
                 ops.append({"op": "test", "path": _pointer(key), "value": ann[key]})
@@ -164,8 +166,8 @@ class Writer:
                 ops.append({"op": "add", "path": _pointer(key), "value": value})
             elif key in ann:
                 ops.append({"op": "remove", "path": _pointer(key)})
-        if "spec" in body:  # a Workspace's stop (its spec exists: the API server requires it)
-            ops.append({"op": "add", "path": "/spec/paused", "value": True})
+        for key, value in body.get("spec", {}).items():  # a Workspace's or a workload's stop (spec exists)
+            ops.append({"op": "add", "path": f"/spec/{key}", "value": value})
         result.attempts += 1
         try:
             patched: dict[str, Any] = with_backoff(lambda: self.custom.patch_namespaced_custom_object(

@@ -77,9 +77,10 @@ class Notice:
 
 
 def _object(n: Notice) -> tuple[str, str]:
-    """(kubectl's resource, the object's name): a pass names a Workspace `Workspace/<name>` (kf_culler/targets.py)."""
+    """(kubectl's resource, the object's name): a pass names a Workspace `Workspace/<name>`, a workload
+    `Deployment/<name>` or `StatefulSet/<name>` (kf_culler/targets.py)."""
     kind, sep, name = n.name.partition("/")
-    return ("workspace", name) if sep and kind == "Workspace" else ("notebook", n.name)
+    return (kind.lower(), name) if sep and kind in ("Workspace", "Deployment", "StatefulSet") else ("notebook", n.name)
 
 
 def keep_command(n: Notice) -> str | None:
@@ -96,6 +97,8 @@ def start_command(n: Notice) -> str:
     resource, name = _object(n)
     if resource == "workspace":
         return f"kubectl patch workspace {name} -n {n.namespace} --type merge -p '{{\"spec\":{{\"paused\":false}}}}'"
+    if resource in ("deployment", "statefulset"):
+        return f"kubectl scale {resource} {name} -n {n.namespace} --replicas=1"
     return f"kubectl annotate notebook {n.name} -n {n.namespace} {STOP_ANNOTATION}-"
 
 

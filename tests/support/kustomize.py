@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,3 +28,26 @@ def render(directory: str | Path) -> list[dict[str, Any]]:
     if done.returncode != 0:
         raise RuntimeError(f"kubectl kustomize {directory} failed: {done.stderr.strip()}")
     return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def component_rbac(component: str, namespace: str, tmp: Path) -> list[dict[str, Any]]:
+    """The base's ServiceAccount and roles with a component, bound in `namespace` (cluster-scoped copies named
+    after it, as tests/test_rbac.py does)."""
+    rel = os.path.relpath(Path(__file__).resolve().parents[2] / "kustomize", tmp)
+    (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{rel}/base"], "components": [f"{rel}/components/{component}"]}))
+    out = []
+    for o in render(tmp):
+        if o["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+            continue
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            o["metadata"]["name"] += f"-{namespace}"
+        else:
+            o["metadata"]["namespace"] = namespace
+        for s in o.get("subjects", []):
+            s["namespace"] = namespace
+        if o["kind"] == "ClusterRoleBinding":
+            o["roleRef"]["name"] += f"-{namespace}"
+        out.append(o)
+    return out
