@@ -1,0 +1,431 @@
+"""Open Data Hub / OpenShift AI's own notebook controllers (built from the vendored odh-kubeflow tree) on the local
+control plane in "full" mode: the harness in kf_culler.local.odh starts ODH's fork of the notebook-controller and
+odh-notebook-controller with its webhooks, and they do to a Notebook what the culler's OpenShift AI overlay will
+count on.
+
+- On create, the mutating webhook sets `kubeflow-resource-stopped: odh-notebook-controller-lock`; the fork makes
+  the StatefulSet with 0 replicas while it is there; odh-notebook-controller removes it after its first full
+  reconcile, and the StatefulSet goes to 1.
+- Every Notebook gets `<name>-ctrl-np` (port 8888, only from the controller's namespace) and
+  `<name>-kube-rbac-proxy-np` (port 8443, from anywhere), controlled by the Notebook.
+- `notebooks.opendatahub.io/inject-auth: "true"` gets the kube-rbac-proxy sidecar on 8443 (SubjectAccessReview:
+  `get` on that notebook), its ConfigMap, Service, ServiceAccount and auth-delegator ClusterRoleBinding.
+- A stop annotation (a timestamp) scales the StatefulSet to 0 and is left alone; removing it starts it again.
+- A stop written while the controller is removing the lock is erased with the lock (a culler's hazard).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+from need import missing
+
+from kf_culler.local import procs
+from kf_culler.local.cluster import GPU_NODE, LocalCluster
+from kf_culler.local.odh import (
+    CONTROLLER_NAMESPACE,
+    CTRL_NETWORK_POLICY_SUFFIX,
+    FINALIZERS,
+    FORK,
+    INJECT_AUTH_ANNOTATION,
+    LOCK_VALUE,
+    NOTEBOOK_PORT,
+    ODH,
+    PROXY_CONFIG_SUFFIX,
+    PROXY_CONTAINER,
+    PROXY_FINALIZER,
+    PROXY_NETWORK_POLICY_SUFFIX,
+    PROXY_PORT,
+    PROXY_SUFFIX,
+    PROXY_TLS_SECRET_SUFFIX,
+    UPDATE_PENDING_ANNOTATION,
+    WEBHOOK_NAMESPACE_LABEL,
+    OdhControllers,
+    OdhUnavailable,
+    odh_binaries,
+    odh_notebook_body,
+)
+from kf_culler.model import STOP_ANNOTATION
+
+pytestmark = [pytest.mark.cluster]
+TIMEOUT = 90.0
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "notebooks"
+
+
+@pytest.fixture(scope="module")
+def odh(full_cluster: LocalCluster) -> Iterator[OdhControllers]:
+    """ODH's two controllers and their webhooks on the session's full cluster, for this module. Binaries that
+    cannot be built are "missing"; controllers that are built but do not come up fail the test."""
+    try:
+        odh_binaries(quiet=full_cluster.quiet)
+    except OdhUnavailable as why:
+        missing("ODH's notebook controllers", why)
+    controllers = OdhControllers(full_cluster)
+    controllers.start()
+    try:
+        yield controllers
+    finally:
+        controllers.stop()
+
+
+@dataclass
+class Env:
+    odh: OdhControllers
+    namespace: str
+    api: Any
+
+    @property
+    def cluster(self) -> LocalCluster:
+        return self.odh.cluster
+
+    def _api(self, name: str) -> Any:
+        from kubernetes import client
+
+        return getattr(client, name)(self.api)
+
+    def core(self) -> Any:
+        return self._api("CoreV1Api")
+
+    def apps(self) -> Any:
+        return self._api("AppsV1Api")
+
+    def custom(self) -> Any:
+        return self._api("CustomObjectsApi")
+
+    def net(self) -> Any:
+        return self._api("NetworkingV1Api")
+
+    def rbac(self) -> Any:
+        return self._api("RbacAuthorizationV1Api")
+
+    def plain(self, obj: Any) -> dict[str, Any]:
+        result: dict[str, Any] = self.api.sanitize_for_serialization(obj)
+        return result
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        created: dict[str, Any] = self.custom().create_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                                                PLURAL, body)
+        return created
+
+    def notebook(self, name: str) -> dict[str, Any]:
+        nb: dict[str, Any] = self.custom().get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
+                                                                        name)
+        return nb
+
+    def annotations(self, name: str) -> dict[str, str]:
+        return dict(self.notebook(name)["metadata"].get("annotations") or {})
+
+    def annotate(self, name: str, key: str, value: str | None) -> None:
+        self.custom().patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
+                                                     {"metadata": {"annotations": {key: value}}})
+
+    def statefulset(self, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.plain(self.apps().read_namespaced_stateful_set(name, self.namespace))
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def replicas(self, name: str) -> int | None:
+        sts = self.statefulset(name)
+        return None if sts is None else int(sts["spec"]["replicas"])
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        return self.plain(self.core().list_namespaced_pod(self.namespace,
+                                                          label_selector=f"statefulset={name}"))["items"]
+
+    def wait(self, what: str, pred: Callable[[], bool], seen: Callable[[], object] | None = None,
+             timeout: float = TIMEOUT) -> None:
+        try:
+            procs.wait_until(pred, timeout, 0.2, what)
+        except TimeoutError as err:
+            detail = f"; seen: {seen()!r}" if seen is not None else ""
+            logs = "\n".join(f"--- {n} ---\n{self.cluster.log_tail(n, 15)}" for n in (FORK, ODH))
+            raise AssertionError(f"{err}{detail}\n{logs}") from None
+
+    def running(self, name: str) -> dict[str, Any]:
+        """Wait for the lock to be gone, one replica and its pod Running on the kwok node; the StatefulSet."""
+        self.wait(f"the lock on {name} removed", lambda: STOP_ANNOTATION not in self.annotations(name),
+                  seen=lambda: self.annotations(name))
+        self.wait(f"{name}'s StatefulSet at 1 replica", lambda: self.replicas(name) == 1,
+                  seen=lambda: self.replicas(name))
+        self.wait(f"{name}'s pod Running", lambda: [p["status"].get("phase") for p in self.pods(name)] == ["Running"],
+                  seen=lambda: [(p["metadata"]["name"], p["status"].get("phase")) for p in self.pods(name)])
+        sts = self.statefulset(name)
+        assert sts is not None
+        return sts
+
+
+def controlled_by(obj: dict[str, Any], notebook: dict[str, Any]) -> bool:
+    return any(r.get("controller") and r["uid"] == notebook["metadata"]["uid"] and r["kind"] == "Notebook"
+               for r in obj["metadata"].get("ownerReferences") or [])
+
+
+@pytest.fixture()
+def env(odh: OdhControllers) -> Iterator[Env]:
+    """A fresh namespace the webhooks apply to; on the way out its Notebooks are deleted while the controllers
+    run (their finalizers are ODH's), then the namespace, and its pods awaited (the kwok node is shared)."""
+    api = odh.cluster.api_client()
+    e = Env(odh, f"odh-{uuid.uuid4().hex[:8]}", api)
+    e.core().create_namespace({"metadata": {"name": e.namespace, "labels": {WEBHOOK_NAMESPACE_LABEL: "true"}}})
+    try:
+        yield e
+    finally:
+        with contextlib.suppress(Exception):
+            for nb in e.custom().list_namespaced_custom_object(GROUP, VERSION, e.namespace, PLURAL)["items"]:
+                e.custom().delete_namespaced_custom_object(GROUP, VERSION, e.namespace, PLURAL,
+                                                           nb["metadata"]["name"])
+            procs.wait_until(lambda: not e.custom().list_namespaced_custom_object(
+                GROUP, VERSION, e.namespace, PLURAL)["items"], TIMEOUT, 0.2, "the notebooks to be deleted")
+        with contextlib.suppress(Exception):
+            e.core().delete_namespace(e.namespace)
+        procs.wait_until(lambda: not e.core().list_namespaced_pod(e.namespace).items, TIMEOUT, 0.2,
+                         f"the pods of namespace {e.namespace} to be deleted")
+
+
+def test_notebook_gets_lock_statefulset_service_and_network_policies(env: Env) -> None:
+    e = env
+    created = e.create(odh_notebook_body(e.namespace, "wb1"))
+    # The mutating webhook locked it on create: the fork holds the StatefulSet at 0 until the lock goes.
+    assert created["metadata"]["annotations"][STOP_ANNOTATION] == LOCK_VALUE
+    e.wait("wb1's StatefulSet", lambda: e.statefulset("wb1") is not None)
+    if e.annotations("wb1").get(STOP_ANNOTATION) == LOCK_VALUE:
+        assert e.replicas("wb1") == 0
+    sts = e.running("wb1")
+    nb = e.notebook("wb1")
+    assert e.odh.logged("Removing reconciliation lock", notebook="wb1", namespace=e.namespace)
+    assert set(FINALIZERS) <= set(nb["metadata"].get("finalizers") or [])
+    assert UPDATE_PENDING_ANNOTATION not in e.annotations("wb1")
+
+    # The fork's StatefulSet and Service, as upstream Kubeflow's: port 80 -> 8888, selector statefulset=<name>.
+    assert controlled_by(sts, nb)
+    assert sts["spec"]["template"]["metadata"]["labels"]["notebook-name"] == "wb1"
+    [main] = sts["spec"]["template"]["spec"]["containers"]  # no sidecar without inject-auth
+    assert main["name"] == "wb1"
+    svc = e.plain(e.core().read_namespaced_service("wb1", e.namespace))
+    assert controlled_by(svc, nb)
+    assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == \
+        [("http-notebook", 80, NOTEBOOK_PORT)]
+    assert svc["spec"]["selector"] == {"statefulset": "wb1"}
+    [pod] = e.pods("wb1")
+    assert pod["spec"]["nodeName"] == GPU_NODE
+
+    # <name>-ctrl-np: the notebook's pod takes TCP 8888 only from pods of the controller's namespace.
+    ctrl = e.plain(e.net().read_namespaced_network_policy(f"wb1{CTRL_NETWORK_POLICY_SUFFIX}", e.namespace))
+    assert controlled_by(ctrl, nb)
+    assert ctrl["spec"] == {
+        "podSelector": {"matchLabels": {"notebook-name": "wb1"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"ports": [{"protocol": "TCP", "port": NOTEBOOK_PORT}],
+                     "from": [{"namespaceSelector": {"matchLabels": {
+                         "kubernetes.io/metadata.name": CONTROLLER_NAMESPACE}}}]}],
+    }
+    # <name>-kube-rbac-proxy-np: TCP 8443 from anywhere (made for every notebook, with or without the sidecar).
+    proxy_np = e.plain(e.net().read_namespaced_network_policy(f"wb1{PROXY_NETWORK_POLICY_SUFFIX}", e.namespace))
+    assert controlled_by(proxy_np, nb)
+    assert proxy_np["spec"] == {
+        "podSelector": {"matchLabels": {"notebook-name": "wb1"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"ports": [{"protocol": "TCP", "port": PROXY_PORT}]}],
+    }
+    # The HTTPRoute lives in the controller's namespace: /notebook/<ns>/<name> -> Service <name>:8888.
+    route = e.custom().get_namespaced_custom_object("gateway.networking.k8s.io", "v1", CONTROLLER_NAMESPACE,
+                                                    "httproutes", f"nb-{e.namespace}-wb1")
+    [rule] = route["spec"]["rules"]
+    assert rule["matches"][0]["path"]["value"] == f"/notebook/{e.namespace}/wb1"
+    assert [(b["name"], b["namespace"], b["port"]) for b in rule["backendRefs"]] == [("wb1", e.namespace, 8888)]
+
+
+def test_inject_auth_adds_kube_rbac_proxy_sidecar_and_its_objects(env: Env) -> None:
+    e = env
+    created = e.create(odh_notebook_body(e.namespace, "wb2", inject_auth=True))
+    assert created["metadata"]["annotations"][INJECT_AUTH_ANNOTATION] == "true"
+    sts = e.running("wb2")
+    nb = e.notebook("wb2")
+    assert PROXY_FINALIZER in nb["metadata"]["finalizers"]
+
+    # The webhook wrote the sidecar into the Notebook; the fork copied it into the StatefulSet.
+    spec = sts["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["wb2", PROXY_CONTAINER]
+    proxy = spec["containers"][1]
+    assert proxy["image"] == e.odh.proxy_image
+    assert proxy["ports"] == [{"name": "kube-rbac-proxy", "containerPort": PROXY_PORT, "protocol": "TCP"}]
+    for arg in (f"--secure-listen-address=0.0.0.0:{PROXY_PORT}", f"--upstream=http://127.0.0.1:{NOTEBOOK_PORT}/",
+                "--config-file=/etc/kube-rbac-proxy/config-file.yaml", "--tls-cert-file=/etc/tls/private/tls.crt",
+                "--tls-private-key-file=/etc/tls/private/tls.key", "--proxy-endpoints-port=8444",
+                "--auth-header-fields-enabled=true", "--auth-header-user-field-name=X-Auth-Request-User"):
+        assert arg in proxy["args"]
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 8444, "scheme": "HTTPS"}
+    assert spec["serviceAccountName"] == "wb2"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["kube-rbac-proxy-config"]["configMap"]["name"] == f"wb2{PROXY_CONFIG_SUFFIX}"
+    assert volumes["kube-rbac-proxy-tls-certificates"]["secret"]["secretName"] == f"wb2{PROXY_TLS_SECRET_SUFFIX}"
+
+    # What the proxy authorises: a SubjectAccessReview for `get` on this notebook.
+    cm = e.plain(e.core().read_namespaced_config_map(f"wb2{PROXY_CONFIG_SUFFIX}", e.namespace))
+    assert controlled_by(cm, nb)
+    assert yaml.safe_load(cm["data"]["config-file.yaml"]) == {"authorization": {"resourceAttributes": {
+        "verb": "get", "resource": "notebooks", "apiGroup": "kubeflow.org", "name": "wb2",
+        "namespace": e.namespace}}}
+    # Its Service, 8443 -> the container port by name; the serving certificate is OpenShift's service CA's.
+    svc = e.plain(e.core().read_namespaced_service(f"wb2{PROXY_SUFFIX}", e.namespace))
+    assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == \
+        [("kube-rbac-proxy", PROXY_PORT, "kube-rbac-proxy")]
+    assert svc["spec"]["selector"] == {"statefulset": "wb2"}
+    assert svc["metadata"]["annotations"]["service.beta.openshift.io/serving-cert-secret-name"] == \
+        f"wb2{PROXY_TLS_SECRET_SUFFIX}"
+    # The notebook's own ServiceAccount may review tokens and access (system:auth-delegator), cluster-wide.
+    sa = e.plain(e.core().read_namespaced_service_account("wb2", e.namespace))
+    assert controlled_by(sa, nb)
+    crb = e.plain(e.rbac().read_cluster_role_binding(f"wb2-rbac-{e.namespace}-auth-delegator"))
+    assert crb["roleRef"]["name"] == "system:auth-delegator"
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "wb2", "namespace": e.namespace}]
+    # The route goes to the proxy instead of the notebook.
+    route = e.custom().get_namespaced_custom_object("gateway.networking.k8s.io", "v1", CONTROLLER_NAMESPACE,
+                                                    "httproutes", f"nb-{e.namespace}-wb2")
+    assert [(b["name"], b["port"]) for b in route["spec"]["rules"][0]["backendRefs"]] == \
+        [(f"wb2{PROXY_SUFFIX}", PROXY_PORT)]
+
+
+def test_stop_annotation_scales_to_zero_and_is_left_alone(env: Env) -> None:
+    e = env
+    e.create(odh_notebook_body(e.namespace, "wb3"))
+    e.running("wb3")
+    stopped_at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    e.annotate("wb3", STOP_ANNOTATION, stopped_at)
+    e.wait("wb3 scaled to 0", lambda: e.replicas("wb3") == 0, seen=lambda: e.replicas("wb3"))
+    e.wait("wb3's pod deleted", lambda: not e.pods("wb3"))
+    # Neither controller touches a stop that is not the lock, and nothing is pending.
+    time.sleep(2)
+    notes = e.annotations("wb3")
+    assert notes[STOP_ANNOTATION] == stopped_at
+    assert UPDATE_PENDING_ANNOTATION not in notes
+    assert e.replicas("wb3") == 0
+    # Removing it (the dashboard's start) brings it back.
+    e.annotate("wb3", STOP_ANNOTATION, None)
+    e.running("wb3")
+
+
+def test_stop_written_while_the_lock_is_removed_is_erased(env: Env) -> None:
+    """RemoveReconciliationLock waits (up to ~6 s, for an image pull secret OpenShift would add to the notebook's
+    ServiceAccount) and then merge-patches the stop annotation to null whatever its value is by then."""
+    e = env
+    e.create(odh_notebook_body(e.namespace, "wb4"))
+    e.wait("odh-notebook-controller to start removing wb4's lock",
+           lambda: e.odh.logged("Removing reconciliation lock", notebook="wb4", namespace=e.namespace))
+    assert e.annotations("wb4")[STOP_ANNOTATION] == LOCK_VALUE
+    e.annotate("wb4", STOP_ANNOTATION, dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    e.wait("the stop annotation erased with the lock", lambda: STOP_ANNOTATION not in e.annotations("wb4"),
+           seen=lambda: e.annotations("wb4"), timeout=30)
+    e.running("wb4")
+
+
+class Upstream:
+    """A stand-in for the notebook's port 8888 on loopback: answers `[]` and records what reached it."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        seen: list[tuple[str, str, dict[str, str]]] = []
+        self.seen = seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                seen.append((self.command, self.path, dict(self.headers.items())))
+                body = b"[]"
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Upstream:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def call(url: str, ca: Any, token: str | None, method: str = "GET") -> tuple[int, str]:
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=str(ca))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, method=method, headers=headers, data=b"{}" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read().decode()
+
+
+def sa_token(e: Env, name: str) -> str:
+    from kubernetes.client.exceptions import ApiException
+
+    with contextlib.suppress(ApiException):
+        e.core().create_namespaced_service_account(e.namespace, {"metadata": {"name": name}})
+    token: str = e.core().create_namespaced_service_account_token(
+        name, e.namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+    return token
+
+
+def test_kube_rbac_proxy_admits_a_token_with_get_on_the_notebook_only(env: Env) -> None:
+    """The sidecar as injected (its args, its ConfigMap, the notebook's ServiceAccount for TokenReview and
+    SubjectAccessReview), built from github.com/brancz/kube-rbac-proxy, in front of a stand-in for port 8888."""
+    e = env
+    e.create(odh_notebook_body(e.namespace, "wb5", inject_auth=True))
+    e.running("wb5")
+    e.rbac().create_namespaced_role(e.namespace, {
+        "metadata": {"name": "get-wb5"},
+        "rules": [{"apiGroups": ["kubeflow.org"], "resources": ["notebooks"], "resourceNames": ["wb5"],
+                   "verbs": ["get"]}]})
+    e.rbac().create_namespaced_role_binding(e.namespace, {
+        "metadata": {"name": "culler-get-wb5"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "get-wb5"},
+        "subjects": [{"kind": "ServiceAccount", "name": "culler", "namespace": e.namespace}]})
+    outsider, culler = sa_token(e, "outsider"), sa_token(e, "culler")
+    path = f"/notebook/{e.namespace}/wb5/api/kernels"
+    with Upstream() as upstream:
+        sidecar = e.odh.start_sidecar(e.namespace, "wb5", f"http://127.0.0.1:{upstream.port}/")
+        try:
+            url = sidecar.url + path
+            assert call(url, sidecar.ca, None)[0] == 401
+            status, text = call(url, sidecar.ca, outsider)
+            assert status == 403
+            assert f"user=system:serviceaccount:{e.namespace}:outsider, verb=get, resource=notebooks" in text
+            assert upstream.seen == []
+            assert call(url, sidecar.ca, culler) == (200, "[]")
+            [(method, seen_path, headers)] = upstream.seen
+            assert (method, seen_path) == ("GET", path)
+            assert headers["X-Auth-Request-User"] == f"system:serviceaccount:{e.namespace}:culler"
+            assert "Authorization" not in headers  # the bearer token stops at the proxy
+            # The verb is the request's method (the ConfigMap's `verb: get` is not a kube-rbac-proxy field).
+            status, text = call(url, sidecar.ca, culler, method="POST")
+            assert status == 403 and "verb=create" in text
+        finally:
+            sidecar.stop()
