@@ -2,7 +2,7 @@
 # Everything kf-culler's demo and tests need on a fresh machine; idempotent (seconds when done before).
 #
 #   bash hack/setup.sh            # Python package + test deps, control plane, notebook-controller,
-#                                 # the Workspace controller, Kubeflow's web app, Prometheus, code-server,
+#                                 # the Workspace controller and backend, Kubeflow's web app, Prometheus, code-server,
 #                                 # Chromium, JupyterLab
 #                                 # with kf-culler's extension
 #   KF_CULLER_SETUP=minimal ...   # only the Python package and the API-server binaries (the demo's needs)
@@ -52,8 +52,16 @@ step "Kubeflow's notebook-controller v1.11.0 (Go module proxy, else its source)"
   quiet bash hack/controlplane/build.sh all
 step "Kubeflow Notebooks 2.0's Workspace controller v2.0.0-beta.0 (vendored source)" \
   quiet bash hack/controlplane/build.sh workspaces
+step "Kubeflow Notebooks 2.0's backend v2.0.0-beta.0 (vendored source)" \
+  quiet bash hack/controlplane/build.sh workspaces-backend
 step "Kubeflow's Jupyter web app backend v1.11.0 (its own virtualenv)" quiet bash hack/webapp/install.sh
 step "Prometheus (Debian package)" quiet apt_prometheus
+apt_postgresql() {
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && return 0
+  command -v apt-get >/dev/null 2>&1 || { say "no apt-get to install Debian's postgresql"; return 1; }
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql
+}
+step "PostgreSQL (Debian package; the Coder server's database)" quiet apt_postgresql
 step "code-server and Node 24 (npm registry)" quiet bash hack/codeserver/install.sh
 apt_chromium() {
   command -v chromium >/dev/null 2>&1 && return 0

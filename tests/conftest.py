@@ -14,6 +14,13 @@ from support.target import KubeTarget, Unavailable, open_target
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT.parent / "shared" / "scenarios"
+# Tests whose components hack/test.sh builds in the background while the others run (Coder, Terraform, Open
+# Data Hub's controllers: hack/background-builds.sh): they run last, and their harness waits for the build.
+LATE = ("test_coder_", "test_odh_")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name.startswith(LATE))  # stable: the others keep their order
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The long Go builds only a few tests need (Coder and Terraform, Open Data Hub's controllers and kube-rbac-proxy),
+# run by hack/test.sh in the background while the other tests run. Each build script takes a lock on its cache,
+# so a test harness that needs a binary before its build is done waits for it instead of building it twice.
+#
+#   bash hack/background-builds.sh        # logs to ${XDG_CACHE_HOME:-~/.cache}/kf-culler/logs/
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+logs=${XDG_CACHE_HOME:-$HOME/.cache}/kf-culler/logs
+mkdir -p "$logs"
+status=0
+for build in hack/coder/build.sh hack/odh/build.sh; do
+  [ -f "$build" ] || continue
+  name=$(basename "$(dirname "$build")")
+  t0=$SECONDS
+  if nice -n 10 bash "$build" >"$logs/$name.log" 2>&1; then
+    printf '[background] %s: ready (%d s)\n' "$name" "$((SECONDS - t0))" >>"$logs/background.log"
+  else
+    printf '[background] %s: FAILED (%d s; %s)\n' "$name" "$((SECONDS - t0))" "$logs/$name.log" >>"$logs/background.log"
+    status=1
+  fi
+done
+exit "$status"
