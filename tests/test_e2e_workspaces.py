@@ -10,27 +10,38 @@ template (kwok's pods run no containers: the router stands where the Workspace's
 - A Workspace its user resumes is seen as restarted (the culler's record) and not paused again at once.
 - A Workspace that something else paused (its user, the controller's own culling) is left alone: no record
   of a stop, no restart claimed when it is resumed.
+- The v2 backend (the REST API of the v2 web app, built from the same release) lists a Workspace the culler
+  paused as paused and Paused.
+- An idle GPU Workspace is paused on GPU evidence from a real Prometheus scraping a dcgm-exporter-shaped
+  endpoint, the series paired with the Workspace's pod found by ownership.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
+from need import missing
 from support.kustomize import component_rbac
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
 from kf_culler.kube.records import bucket_of
 from kf_culler.local import procs
+from kf_culler.local.cluster import GPU_NODE
+from kf_culler.local.handoff import GpuNode
+from kf_culler.local.handoff import Unavailable as GpuNodeUnavailable
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.local.workspaces import (
@@ -38,7 +49,9 @@ from kf_culler.local.workspaces import (
     KINDS,
     VERSION,
     WORKSPACES,
+    WorkspaceControllerUnavailable,
     connect_path,
+    start_workspace_backend,
     workspace_body,
     workspace_kind_body,
 )
@@ -48,6 +61,10 @@ from kf_culler.runner import Runner
 
 pytestmark = pytest.mark.cluster
 TIMEOUT = 60.0
+GPU_RESOURCE = "nvidia.com/gpu"
+# The backend authorizes each request by a SubjectAccessReview for the user of kubeflow-userid and the
+# groups of kubeflow-groups; system:masters stands for a user with the RBAC to list Workspaces.
+BACKEND_HEADERS = {"kubeflow-userid": "alice@example.com", "kubeflow-groups": "system:masters"}
 
 
 @dataclass
@@ -56,6 +73,7 @@ class Env:
     namespace: str
     kind: str
     router: Router
+    kinds: list[str] = field(default_factory=list)  # more WorkspaceKinds, deleted with the namespace
 
     @property
     def custom(self) -> Any:
@@ -70,9 +88,16 @@ class Env:
                                                                          name)
         return found
 
-    def create(self, name: str) -> None:
+    def add_kind(self, suffix: str, **kw: Any) -> str:
+        """Another WorkspaceKind (workspace_kind_body's keywords, e.g. gpus=1) for this test alone."""
+        kind = f"{self.kind}-{suffix}"
+        self.custom.create_cluster_custom_object(GROUP, VERSION, KINDS, workspace_kind_body(kind, **kw))
+        self.kinds.append(kind)
+        return kind
+
+    def create(self, name: str, kind: str | None = None) -> None:
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, WORKSPACES,
-                                                    workspace_body(self.namespace, name, self.kind))
+                                                    workspace_body(self.namespace, name, kind or self.kind))
         procs.wait_until(lambda: self.workspace(name).get("status", {}).get("state") == "Running", TIMEOUT, 0.2,
                          f"workspace {name} to be Running")
 
@@ -104,6 +129,21 @@ class Env:
         cm = self.core.read_namespaced_config_map(bucket_of(uid), self.namespace)
         return (cm.data or {}).get(uid)
 
+    def pod_of(self, name: str) -> Any:
+        """The Workspace's pod, by ownership: the one StatefulSet the Workspace controls, its one pod."""
+
+        def controlled_by(obj: Any, uid: str) -> bool:
+            return any(o.controller and o.uid == uid for o in obj.metadata.owner_references or [])
+
+        uid = self.workspace(name)["metadata"]["uid"]
+        sts = [s for s in client.AppsV1Api(self.api).list_namespaced_stateful_set(self.namespace).items
+               if controlled_by(s, uid)]
+        assert len(sts) == 1, [s.metadata.name for s in sts]
+        pods = [p for p in self.core.list_namespaced_pod(self.namespace).items
+                if controlled_by(p, sts[0].metadata.uid)]
+        assert len(pods) == 1, [p.metadata.name for p in pods]
+        return pods[0]
+
 
 @pytest.fixture()
 def env(workspace_controller: Any) -> Iterator[Env]:
@@ -115,15 +155,46 @@ def env(workspace_controller: Any) -> Iterator[Env]:
     core.create_namespace({"metadata": {"name": namespace}})
     custom.create_cluster_custom_object(GROUP, VERSION, KINDS, workspace_kind_body(kind))
     with Router() as router:
+        env = Env(api, namespace, kind, router)
         try:
-            yield Env(api, namespace, kind, router)
+            yield env
         finally:
             with contextlib.suppress(Exception):
                 core.delete_namespace(namespace)
             procs.wait_until(lambda: not core.list_namespaced_pod(namespace).items, TIMEOUT, 0.2,
                              f"the pods of namespace {namespace} to be deleted")
-            with contextlib.suppress(Exception):
-                custom.delete_cluster_custom_object(GROUP, VERSION, KINDS, kind)
+            for k in [kind, *env.kinds]:
+                with contextlib.suppress(Exception):
+                    custom.delete_cluster_custom_object(GROUP, VERSION, KINDS, k)
+
+
+@pytest.fixture(scope="module")
+def backend(workspace_controller: Any) -> str:
+    """The base URL of Kubeflow's v2 Workspaces backend on the session's cluster (built on first use:
+    hack/controlplane/build.sh workspaces-backend), in a network namespace of its own."""
+    try:
+        return start_workspace_backend(workspace_controller)
+    except WorkspaceControllerUnavailable as why:
+        missing("Kubeflow's Workspaces backend", why)
+
+
+def backend_get(base: str, path: str) -> Any:
+    req = urllib.request.Request(base + path, headers=BACKEND_HEADERS)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.load(resp)
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp{,6} write them) listening on port in this network
+    namespace: "0100007F" is 127.0.0.1, "00000000" and the IPv6 zeros are every interface."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            address, _, hex_port = cols[1].rpartition(":")
+            if cols[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
 
 
 def result_for(results: list[NotebookResult], name: str) -> NotebookResult:
@@ -260,3 +331,103 @@ def test_components_workspaces_rbac_pauses_a_workspace_and_nothing_more(env: Env
             elif o["kind"] == "ClusterRole":
                 with contextlib.suppress(ApiException):
                     rbac.delete_cluster_role(o["metadata"]["name"])
+
+
+def test_the_v2_backend_lists_a_workspace_the_culler_paused_as_paused(env: Env, backend: str) -> None:
+    """GET /api/v1/workspaces/<ns> of the real v2 backend shows the culler's pause: `paused` (spec.paused),
+    `state` Paused and `pausedTime` (the controller's status), "Workspace is paused".
+
+    It does not show the culler's reason: the backend's Workspace models carry no metadata annotations of
+    the Workspace (only the `notebooks.kubeflow.org/{created,updated}-*` ones, folded into `audit`) and no
+    Events, neither in the list nor in GET /workspaces/<ns>/<name>. So the reason is asserted absent there;
+    it is on the Workspace itself (annotations, Event), as the first test of this file shows."""
+    port = int(backend.rsplit(":", 1)[1])
+    assert listening_addresses(port) == {"0100007F"}, listening_addresses(port)  # 127.0.0.1 and nothing else
+    env.create("idle")
+    server = env.serve("idle")
+    try:
+        with env.culler() as runner:
+            stopped = until_action(runner, "idle", "stop")
+    finally:
+        server.__exit__(None, None, None)
+    assert stopped.write is not None and stopped.write.outcome == "patched", stopped.write
+    reason = env.workspace("idle")["metadata"]["annotations"][REASON_ANNOTATION]
+
+    def listed() -> dict[str, Any]:
+        items = backend_get(backend, f"/api/v1/workspaces/{env.namespace}")["data"]
+        found = [w for w in items if w["name"] == "idle"]
+        assert len(found) == 1, items
+        item: dict[str, Any] = found[0]
+        return item
+
+    procs.wait_until(lambda: listed()["state"] == "Paused", TIMEOUT, 0.2, "the backend to list the workspace Paused")
+    item = listed()
+    assert item["paused"] is True and item["state"] == "Paused", item
+    assert item["namespace"] == env.namespace and item["workspaceKind"]["name"] == env.kind, item
+    assert item["pausedTime"] == env.workspace("idle")["status"]["pauseTime"] > 0, item
+    assert item["stateMessage"] == "Workspace is paused", item
+    one = backend_get(backend, f"/api/v1/workspaces/{env.namespace}/idle")["data"]
+    for shown in (item, one):
+        text = json.dumps(shown)
+        assert REASON_ANNOTATION not in text and reason not in text, shown  # the backend does not show it
+
+
+def test_an_idle_gpu_workspace_is_paused_on_gpu_evidence_from_prometheus(env: Env) -> None:
+    """A Workspace with a GPU (the kind's podConfig asks for nvidia.com/gpu: 1), its Jupyter idle, its GPU idle
+    as a real Prometheus reads it from a dcgm-exporter-shaped endpoint: paused with the GPU in the evidence
+    and the reason. The series is paired with the pod the Workspace controls through its StatefulSet: a series
+    naming a pod of the same shape that no Workspace controls gives no GPU evidence and no pause."""
+    gpu_kind = env.add_kind("gpu", gpus=1)
+    node = GpuNode(env.namespace)
+    try:
+        node.start()
+    except GpuNodeUnavailable as why:
+        missing("Prometheus", why)
+    try:
+        env.create("gpu", kind=gpu_kind)
+        pod = env.pod_of("gpu")
+        name = pod.metadata.name
+        assert re.fullmatch(r"ws-gpu-[a-z0-9]{5}-0", name), name
+        assert env.workspace("gpu")["status"]["podTemplatePod"]["name"] == name
+        assert pod.spec.node_name == GPU_NODE
+        assert pod.spec.containers[0].resources.requests[GPU_RESOURCE] == "1"
+        decoy = "ws-gpu-decoy-0"
+        node.assign(decoy, util=0, used_mib=0)
+        node.wait_scraped(decoy)
+        server = env.serve("gpu")
+        try:
+            with env.culler(prometheus={"url": node.url, "stepSeconds": 1}) as runner:
+                # Past the start-up grace and the idle limit: no series of the Workspace's pod, no stop.
+                until = time.monotonic() + 8
+                while time.monotonic() < until:
+                    r = result_for(runner.once().results, "gpu")
+                    assert r.verdict.action != "stop", r.verdict
+                    assert r.verdict.evidence.get("gpu", {}).get("read") is not True, r.verdict.evidence
+                    time.sleep(1)
+                assert r.verdict.rule == "6-no-signal", r.verdict
+                assert r.verdict.evidence["gpu"] == {"read": False, "error": "no GPU series for pod"}, r.verdict
+                node.assign(name, util=0, used_mib=0)  # the GPU is the Workspace pod's, and idle
+                node.wait_scraped(name)
+                stopped = until_action(runner, "gpu", "stop")
+        finally:
+            server.__exit__(None, None, None)
+    finally:
+        node.stop()
+    verdict = stopped.verdict
+    assert verdict.action == "stop" and verdict.state == "idle", verdict
+    assert verdict.gpu_notebook is True, verdict
+    gpu = verdict.evidence["gpu"]
+    assert gpu["read"] is True and gpu["samples"] >= 2, gpu
+    assert gpu["latest"]["utilPercent"] == 0 and gpu["latest"]["memoryUsedMiB"] == 0 and gpu["lastWork"] is None
+    assert "an idle GPU" in verdict.reason, verdict.reason
+    assert verdict.rule == "10-idle", verdict.rule
+    assert stopped.write is not None and stopped.write.outcome == "patched", stopped.write
+    ws = env.workspace("gpu")
+    assert ws["spec"]["paused"] is True
+    assert ws["metadata"]["annotations"][REASON_ANNOTATION] == verdict.reason[:1000]
+    assert any(e.reason == EVENT_STOP for e in env.events("gpu"))
+    procs.wait_until(lambda: env.workspace("gpu").get("status", {}).get("state") == "Paused", TIMEOUT, 0.2,
+                     "the controller to show the GPU workspace Paused")
+    with pytest.raises(ApiException) as gone:
+        env.core.read_namespaced_pod(name, env.namespace)
+    assert gone.value.status == 404  # the pod is gone, its GPU free

@@ -7,6 +7,7 @@
 #   cluster    also kube-controller-manager, kube-scheduler and kwok
 #   all        also Kubeflow's notebook-controller
 #   workspaces Kubeflow Notebooks 2.0's Workspace controller v2.0.0-beta.0 (and its CRDs), alone
+#   workspaces-backend  Kubeflow Notebooks 2.0's v2 backend (REST API) v2.0.0-beta.0, alone
 #
 # Environment:
 #   KF_CULLER_K8S_VERSION  Kubernetes release to build       (default: versions.env)
@@ -16,6 +17,10 @@
 #   KF_CULLER_BIN_DIR      where binaries go (default ~/.cache/kf-culler/bin/<k8s-version>)
 #   KF_CULLER_NOTEBOOK_CONTROLLER_SRC  notebook-controller source tree, used when the Go module proxy does
 #                          not serve the module (default: ../shared/vendor/kubeflow-notebook-controller-v1.11.0)
+#   KF_CULLER_WORKSPACE_CONTROLLER_SRC  the Workspace controller's source tree
+#                          (default: ../shared/vendor/kubeflow-workspaces-v2.0.0-beta.0/workspaces/controller)
+#   KF_CULLER_WORKSPACES_SRC  the workspaces/ folder holding both backend/ and controller/, for the backend
+#                          (default: ../shared/vendor/kubeflow-workspaces-v2.0.0-beta.0/workspaces)
 #
 # Idempotent: a binary that is already present with a matching .version stamp is not rebuilt.
 # Prints the directory holding the binaries as its last line.
@@ -196,13 +201,30 @@ build_wsc() {
   stamp workspace-controller "$WSC_VERSION"
 }
 
+# The v2 backend (same release): its go.mod replaces the controller module with ../controller, so the copy
+# is of the whole workspaces/ folder (backend/ and controller/ side by side); built in backend/.
+WSB_VENDORED=$(dirname "$WSC_VENDORED")
+
+build_wsb() {
+  have workspace-backend "$WSC_VERSION" && { log "workspace-backend $WSC_VERSION: cached"; return; }
+  local src=${KF_CULLER_WORKSPACES_SRC:-$WSB_VENDORED}
+  [ -f "$src/backend/go.mod" ] && [ -f "$src/controller/go.mod" ] \
+    || die "no workspaces/ source (backend/ and controller/) at $src (set KF_CULLER_WORKSPACES_SRC)"
+  local dir="$BUILD_ROOT/workspace-backend-$WSC_VERSION"
+  rm -rf "$dir" && mkdir -p "$dir" && cp -r "$src/." "$dir/" && chmod -R u+w "$dir"
+  log "workspace-backend $WSC_VERSION: building from the source in $src/backend"
+  (cd "$dir/backend" && timed go build -trimpath -o "$BIN_DIR/workspace-backend" ./cmd/)
+  stamp workspace-backend "$WSC_VERSION"
+}
+
 t0=$SECONDS
 case "$set_name" in
   apiserver) build_etcd; build_k8s kube-apiserver ;;
   cluster)   build_etcd; build_k8s kube-apiserver; build_k8s kube-controller-manager; build_k8s kube-scheduler; build_kwok ;;
   all)       build_etcd; build_k8s kube-apiserver; build_k8s kube-controller-manager; build_k8s kube-scheduler; build_kwok; build_nbc ;;
   workspaces) build_wsc ;;
-  *) die "unknown set '$set_name' (expected apiserver, cluster, all or workspaces)" ;;
+  workspaces-backend) build_wsb ;;
+  *) die "unknown set '$set_name' (expected apiserver, cluster, all, workspaces or workspaces-backend)" ;;
 esac
 log "binaries ready in $BIN_DIR ($((SECONDS - t0)) s)"
 echo "$BIN_DIR"
