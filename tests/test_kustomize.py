@@ -21,7 +21,7 @@ import yaml
 from need import missing
 
 from kf_culler.cli import build_parser
-from kf_culler.config import Operations, load_file
+from kf_culler.config import Operations, load_file, load_mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "kustomize"
@@ -720,3 +720,39 @@ def test_exempt_admission_component_renders_its_policies_bindings_and_admins(tmp
 def test_shipped_config_honours_exempt_only_where_admins_turn_it_on() -> None:
     for path in ("base", *(f"overlays/{o}" for o in OVERLAYS)):
         assert yaml.safe_load(config_text(render(path)))["allowExempt"] is False, path
+
+
+# --- overlays/openshift-ai ------------------------------------------------------------------------
+
+
+def test_openshift_ai_overlay_runs_in_the_applications_namespace_under_the_restricted_scc() -> None:
+    """The culler beside ODH's controllers (their per-workbench NetworkPolicy admits port 8888 from that
+    namespace only), with no fixed UID or GID (the restricted SCC assigns them), a read-only root file system,
+    and no Istio sidecar."""
+    objs = render("overlays/openshift-ai")
+    for o in objs:
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert o["metadata"].get("namespace") == "redhat-ods-applications", o["metadata"]["name"]
+    for o in find(objs, "ClusterRoleBinding"):
+        assert all(s["namespace"] == "redhat-ods-applications" for s in o["subjects"])
+    pod = culler(objs)["spec"]["template"]
+    assert "sidecar.istio.io/inject" not in (pod["metadata"].get("labels") or {})
+    psc = pod["spec"]["securityContext"]
+    assert psc["runAsNonRoot"] is True and "runAsUser" not in psc and "runAsGroup" not in psc
+    for c in pod["spec"]["containers"]:
+        assert "runAsUser" not in c["securityContext"] and c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_openshift_ai_overlay_reads_the_shipped_workbench_images() -> None:
+    (cm,) = [o for o in render("overlays/openshift-ai") if o["kind"] == "ConfigMap"
+             and o["metadata"]["name"].startswith("kf-culler-config")]
+    settings = load_mapping(yaml.safe_load(cm["data"]["config.yaml"]), "openshift-ai")
+    policy = settings.policy
+    assert policy.server_type_for_image(
+        "quay.io/opendatahub/odh-workbench-codeserver-datascience-cpu-py312-ubi9:2025.2") == "group-one"
+    assert policy.server_type_for_image(
+        "image-registry.openshift-image-registry.svc:5000/redhat-ods-applications/code-server-notebook:2025.1"
+    ) == "group-one"
+    assert policy.server_type_for_image("quay.io/opendatahub/odh-workbench-jupyter-minimal-cpu-py312-ubi9:3.4") \
+        is None  # Jupyter, the default
+    assert settings.operations.urls.code_server.endswith("/notebook/{namespace}/{name}/codeserver/")

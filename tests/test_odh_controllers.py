@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -56,6 +57,7 @@ from kf_culler.local.odh import (
 from kf_culler.model import STOP_ANNOTATION
 
 pytestmark = [pytest.mark.cluster]
+ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 90.0
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "notebooks"
 
@@ -429,3 +431,40 @@ def test_kube_rbac_proxy_admits_a_token_with_get_on_the_notebook_only(env: Env) 
             assert status == 403 and "verb=create" in text
         finally:
             sidecar.stop()
+
+
+def test_the_culler_stops_an_idle_workbench_and_never_touches_the_lock(env: Env) -> None:
+    """kf-culler with the openshift-ai overlay's configuration on workbenches made by ODH's real controllers: while
+    `odh-notebook-controller-lock` stands the workbench counts as stopped and nothing is written (a stop written
+    then would be erased with the lock); once the controller removed it, an idle workbench is stopped with a
+    timestamp, the fork scales it to 0, and the lock's removal is never taken for a restart."""
+    from kf_culler.config import load_file, load_mapping
+    from kf_culler.local.jupyter import JupyterServer
+    from kf_culler.local.router import Router
+    from kf_culler.runner import Runner
+
+    overlay = load_file(ROOT / "kustomize" / "overlays" / "openshift-ai" / "config.yaml")
+    env.create(odh_notebook_body(env.namespace, "wb"))
+    with Router() as router, JupyterServer(env.namespace, "wb") as server:
+        router.add("notebook", env.namespace, "wb", f"http://127.0.0.1:{server.port}", strip=False)
+        raw = yaml.safe_load((ROOT / "kustomize" / "overlays" / "openshift-ai" / "config.yaml").read_text())
+        raw.update({"namespaces": {"include": [env.namespace]}, "idleMinutes": 0.05, "warnMinutes": 0,
+                    "startupGraceMinutes": 0.05, "urls": {**raw.get("urls", {}), "jupyter": router.template()}})
+        settings = load_mapping(raw, "test")
+        assert settings.policy.server_type_by_image == overlay.policy.server_type_by_image
+        with Runner(settings, env.api, records_namespace=env.namespace) as runner:
+            locked = [r for r in runner.once().results if r.name == "wb"]
+            if env.annotations("wb").get(STOP_ANNOTATION) == LOCK_VALUE and locked:
+                assert locked[0].verdict.rule == "1-stopped" and locked[0].write is None  # the lock: nothing written
+            env.running("wb")
+            time.sleep(1)  # the cache sees the lock gone
+            deadline = time.monotonic() + 30
+            while (r := next(x for x in runner.once().results if x.name == "wb")).verdict.action != "stop":
+                assert r.verdict.rule != "3-restarted", r.verdict  # the lock's removal is no restart
+                assert time.monotonic() < deadline, r.verdict
+                time.sleep(1)
+    assert r.write is not None and r.write.outcome == "patched", r.write
+    stamp = env.annotations("wb")[STOP_ANNOTATION]
+    assert stamp != LOCK_VALUE and dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    env.wait("the fork to scale wb to 0", lambda: env.replicas("wb") == 0, seen=lambda: env.replicas("wb"))
+    assert env.annotations("wb")[STOP_ANNOTATION] == stamp  # ODH left the culler's stop as it is
