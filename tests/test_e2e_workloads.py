@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
-from support.kustomize import component_rbac
+from support.kustomize import component_rbac, delete_cluster_rbac
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
@@ -127,6 +127,15 @@ def result_for(results: list[NotebookResult], name: str) -> NotebookResult:
     return found[0]
 
 
+def until_stopped(runner: Runner, name: str, timeout: float = 30) -> NotebookResult:
+    """Passes until the session's verdict is a stop (its idle limit is seconds)."""
+    deadline = time.monotonic() + timeout
+    while (r := result_for(runner.once().results, name)).verdict.action != "stop":
+        assert time.monotonic() < deadline, r.verdict
+        time.sleep(1)
+    return r
+
+
 def test_an_idle_session_is_scaled_to_zero_and_the_waiting_one_gets_the_gpu(env: Env) -> None:
     env.session("a")
     procs.wait_until(lambda: env.running("a"), TIMEOUT, 0.2, "session a to run on the GPU node")
@@ -138,10 +147,7 @@ def test_an_idle_session_is_scaled_to_zero_and_the_waiting_one_gets_the_gpu(env:
         server.start_kernel()
         env.router.add("workload", env.namespace, "a", f"http://127.0.0.1:{server.port}", strip=True)
         with env.culler() as runner:
-            deadline = time.monotonic() + 30
-            while (r := result_for(runner.once().results, "a")).verdict.action != "stop":
-                assert time.monotonic() < deadline, r.verdict
-                time.sleep(1)
+            r = until_stopped(runner, "a")
             patched = time.monotonic()
             assert r.write is not None and r.write.outcome == "patched" and r.write.event == "created", r.write
             procs.wait_until(lambda: env.running("b"), TIMEOUT, 0.1, "session b to get the GPU")
@@ -166,10 +172,7 @@ def test_a_scaled_up_session_is_seen_restarted_and_gpu_workloads_takes_every_gpu
     with JupyterServer(env.namespace, "a", base_path="/") as server:
         env.router.add("workload", env.namespace, "a", f"http://127.0.0.1:{server.port}", strip=True)
         with env.culler() as runner:
-            deadline = time.monotonic() + 30
-            while (r := result_for(runner.once().results, "a")).verdict.action != "stop":
-                assert time.monotonic() < deadline, r.verdict
-                time.sleep(1)
+            until_stopped(runner, "a")
             procs.wait_until(lambda: not env.pods("a"), TIMEOUT, 0.2, "session a's pod to go")
             env.apps.patch_namespaced_deployment_scale("a", env.namespace, {"spec": {"replicas": 1}})  # its user
             procs.wait_until(lambda: env.running("a"), TIMEOUT, 0.2, "session a to run again")
@@ -190,7 +193,6 @@ def test_components_workloads_rbac_scales_a_session_and_nothing_more(env: Env, f
     """The culler as its ServiceAccount with the base's RBAC and components/workloads: a session is scaled to 0
     and told why; deleting it, changing its template, its pods and its PVC are out of reach."""
     objs = component_rbac("workloads", env.namespace, tmp_path)
-    rbac = client.RbacAuthorizationV1Api(env.api)
     try:
         for o in objs:
             utils.create_from_dict(env.api, o)
@@ -201,10 +203,7 @@ def test_components_workloads_rbac_scales_a_session_and_nothing_more(env: Env, f
             env.router.add("workload", env.namespace, "a", f"http://127.0.0.1:{server.port}", strip=True)
             settings = env.culler().settings
             with Runner(settings, sa_api, records_namespace=env.namespace) as runner:
-                deadline = time.monotonic() + 30
-                while (r := result_for(runner.once().results, "a")).verdict.action != "stop":
-                    assert time.monotonic() < deadline, r.verdict
-                    time.sleep(1)
+                r = until_stopped(runner, "a")
         assert r.write is not None and r.write.outcome == "patched" and r.write.event == "created", r.write
         assert env.apps.read_namespaced_deployment("a", env.namespace).spec.replicas == 0
         apps, core = client.AppsV1Api(sa_api), client.CoreV1Api(sa_api)
@@ -224,10 +223,4 @@ def test_components_workloads_rbac_scales_a_session_and_nothing_more(env: Env, f
         assert status(lambda: core.list_namespaced_persistent_volume_claim(env.namespace)) == 403
         assert status(lambda: apps.delete_namespaced_replica_set("x", env.namespace)) == 403
     finally:
-        for o in objs:
-            if o["kind"] == "ClusterRoleBinding":
-                with contextlib.suppress(ApiException):
-                    rbac.delete_cluster_role_binding(o["metadata"]["name"])
-            elif o["kind"] == "ClusterRole":
-                with contextlib.suppress(ApiException):
-                    rbac.delete_cluster_role(o["metadata"]["name"])
+        delete_cluster_rbac(env.api, objs)

@@ -33,7 +33,7 @@ import pytest
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 from need import missing
-from support.kustomize import component_rbac
+from support.kustomize import component_rbac, delete_cluster_rbac
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
@@ -323,14 +323,7 @@ def test_components_workspaces_rbac_pauses_a_workspace_and_nothing_more(env: Env
         assert status(lambda: custom.patch_cluster_custom_object(GROUP, VERSION, KINDS, env.kind,
                                                                  {"metadata": {"labels": {"x": "y"}}})) == 403
     finally:
-        rbac = client.RbacAuthorizationV1Api(env.api)
-        for o in objs:
-            if o["kind"] == "ClusterRoleBinding":
-                with contextlib.suppress(ApiException):
-                    rbac.delete_cluster_role_binding(o["metadata"]["name"])
-            elif o["kind"] == "ClusterRole":
-                with contextlib.suppress(ApiException):
-                    rbac.delete_cluster_role(o["metadata"]["name"])
+        delete_cluster_rbac(env.api, objs)
 
 
 def test_the_v2_backend_lists_a_workspace_the_culler_paused_as_paused(env: Env, backend: str) -> None:

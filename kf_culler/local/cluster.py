@@ -138,6 +138,19 @@ def notebook_controller_binary(build: bool = True, quiet: bool = True) -> Path:
     return path
 
 
+def wait_established(ext: Any, names: list[str], timeout: float, what: str) -> None:
+    """Wait until every named CRD is Established (TimeoutError otherwise); `ext` an ApiextensionsV1Api."""
+    def established() -> bool:
+        for name in names:
+            crd = ext.read_custom_resource_definition(name)
+            if not any(c.type == "Established" and c.status == "True"
+                       for c in (crd.status.conditions if crd.status else None) or []):
+                return False
+        return True
+
+    procs.wait_until(established, timeout, interval=0.2, what=f"{what} to be Established")
+
+
 def kubeconfig_dict(server: str, ca: Path, user: dict[str, str],
                     name: str = "kf-culler-local") -> dict[str, Any]:
     return {
@@ -373,12 +386,7 @@ class LocalCluster:
             if err.status != 409:
                 raise
 
-        def established() -> bool:
-            crd = ext.read_custom_resource_definition(body["metadata"]["name"])
-            return any(c.type == "Established" and c.status == "True"
-                       for c in (crd.status.conditions if crd.status else None) or [])
-
-        procs.wait_until(established, timeout, interval=0.2, what="the Notebook CRD to be Established")
+        wait_established(ext, [body["metadata"]["name"]], timeout, "the Notebook CRD")
 
     def start_notebook_controller(self, binary: Path | None = None, timeout: float = 60,
                                   env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -54,7 +54,7 @@ from typing import Any
 import yaml
 
 from kf_culler.local import procs
-from kf_culler.local.cluster import ClusterError, LocalCluster, source_root
+from kf_culler.local.cluster import ClusterError, LocalCluster, source_root, wait_established
 from kf_culler.local.pki import Authority
 
 BUILD_SCRIPT = Path("hack") / "odh" / "build.sh"
@@ -184,16 +184,8 @@ def apply_crds(cluster: LocalCluster, bodies: list[dict[str, Any]], timeout: flo
                     "metadata": {"name": name}, "spec": found["spec"]}
         _replace_crd(cluster, body)
 
-    def established() -> bool:
-        for body in bodies:
-            crd = ext.read_custom_resource_definition(body["metadata"]["name"])
-            conds = (crd.status.conditions if crd.status else None) or []
-            if not any(c.type == "Established" and c.status == "True" for c in conds):
-                return False
-        return True
-
     try:
-        procs.wait_until(established, timeout, interval=0.2, what="the ODH CRDs to be Established")
+        wait_established(ext, [b["metadata"]["name"] for b in bodies], timeout, "the ODH CRDs")
     except TimeoutError as err:
         raise OdhUnavailable(str(err)) from None
     return previous

@@ -54,7 +54,7 @@ from typing import Any
 import yaml
 
 from kf_culler.local import procs
-from kf_culler.local.cluster import REPO_MARKER, ClusterError, LocalCluster, bin_dir, source_root
+from kf_culler.local.cluster import REPO_MARKER, ClusterError, LocalCluster, bin_dir, source_root, wait_established
 
 GROUP = "kubeflow.org"
 VERSION = "v1beta1"
@@ -199,17 +199,9 @@ def _apply_crds(cluster: LocalCluster, bodies: list[dict[str, Any]], timeout: fl
                 raise WorkspaceControllerUnavailable(
                     f"creating CRD {body['metadata']['name']}: {err.status} {err.reason}: {err.body}") from None
 
-    def established() -> bool:
-        for body in bodies:
-            crd = ext.read_custom_resource_definition(body["metadata"]["name"])
-            conds = (crd.status.conditions if crd.status else None) or []
-            if not any(c.type == "Established" and c.status == "True" for c in conds):
-                return False
-        return True
-
-    names = ", ".join(b["metadata"]["name"] for b in bodies)
+    names = [b["metadata"]["name"] for b in bodies]
     try:
-        procs.wait_until(established, timeout, interval=0.2, what=f"CRDs {names} to be Established")
+        wait_established(ext, names, timeout, f"CRDs {', '.join(names)}")
     except TimeoutError as err:
         raise WorkspaceControllerUnavailable(str(err)) from None
 

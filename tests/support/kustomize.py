@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -51,3 +52,17 @@ def component_rbac(component: str, namespace: str, tmp: Path) -> list[dict[str, 
             o["roleRef"]["name"] += f"-{namespace}"
         out.append(o)
     return out
+
+
+def delete_cluster_rbac(api: Any, objs: list[dict[str, Any]]) -> None:
+    """Delete the ClusterRoles and ClusterRoleBindings of `component_rbac` (best effort: a test's clean-up)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    rbac = client.RbacAuthorizationV1Api(api)
+    for o in objs:
+        delete = {"ClusterRoleBinding": rbac.delete_cluster_role_binding,
+                  "ClusterRole": rbac.delete_cluster_role}.get(o["kind"])
+        if delete is not None:
+            with contextlib.suppress(ApiException):
+                delete(o["metadata"]["name"])
