@@ -388,6 +388,9 @@ class WorkloadSettings(_Model):
     gpu_workloads: bool = Field(default=False, alias="gpuWorkloads")
     kinds: tuple[Literal["Deployment", "StatefulSet"], ...] = Field(default=("Deployment", "StatefulSet"),
                                                                     strict=False, min_length=1)
+    # Controller kinds whose workloads are theirs to scale (an operator's), never sessions; a user can write an
+    # ownerReference to an object of their own, so list only kinds they cannot create.
+    skip_controlled_by: tuple[str, ...] = Field(default=(), alias="skipControlledBy", strict=False)
 
     @model_validator(mode="after")
     def _chooses(self) -> WorkloadSettings:

@@ -19,7 +19,7 @@ from kf_culler.config import DEFAULT_RULE, OVERRIDE_RULE_PREFIX, LabelSelector, 
 from kf_culler.model import InputError
 from kf_culler.notebook import NotebookView, gpu_count, metadata_of, server_type, string_labels
 from kf_culler.record import CullerRecord
-from kf_culler.targets import WORKLOADS, target_of, uncontrolled
+from kf_culler.targets import WORKLOADS, controlled_by_kind, target_of
 
 
 def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
@@ -130,11 +130,13 @@ def selection(notebook: dict[str, Any], pod: dict[str, Any] | None, settings: Se
 
 
 def selects_workload(workload: dict[str, Any], settings: Settings) -> bool:
-    """Whether a Deployment or StatefulSet is a session (`targets: [workloads]`, docs/targets.md): nothing controls
-    it, it is of a kind `workloads.kinds` names, and it carries the labels of `workloads.selector` or, with
-    `workloads.gpuWorkloads`, its pod template requests a GPU (its owner cannot relabel that away)."""
+    """Whether a Deployment or StatefulSet may be a session (`targets: [workloads]`, docs/targets.md): of a kind
+    `workloads.kinds` names, not controlled by a kind of `workloads.skipControlledBy`, and with the labels of
+    `workloads.selector` or, with `workloads.gpuWorkloads`, a pod template asking for a GPU (its owner cannot
+    relabel that away). The StatefulSets Notebook and Workspace sessions are paired with are left out later
+    (kf_culler/targets.py `session_statefulset`): other ownerReferences are their owner's to write."""
     chosen = settings.operations.workloads
-    if chosen is None or not isinstance(workload, dict) or not uncontrolled(workload):
+    if chosen is None or not isinstance(workload, dict) or controlled_by_kind(workload, chosen.skip_controlled_by):
         return False
     if target_of(workload) not in WORKLOADS or workload.get("kind") not in chosen.kinds:
         return False

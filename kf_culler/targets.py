@@ -126,16 +126,17 @@ def owned_by(objects: Mapping[Key, dict[str, Any]], kind: str) -> dict[str, list
 
 def workspace_pod(ws: Mapping[str, Any], statefulsets: Mapping[str, list[dict[str, Any]]],
                   pods: Mapping[Key, dict[str, Any]]) -> dict[str, Any] | None:
-    """A Workspace's pod: `<statefulset>-0` of the one StatefulSet the Workspace controls, controlled by that
+    """A Workspace's pod: `<statefulset>-0` of the StatefulSet the Workspace controls, controlled by that
     StatefulSet (the Workspace controller names both with random suffixes: found by ownership, never by name
-    or labels, which the user can write). None when there is none or more than one StatefulSet."""
-    owned = statefulsets.get(uid_of(ws), [])
-    if len(owned) != 1:
+    or labels, which the user can write). Of several, the first created (the controller's: a user may attach
+    more, which are then plain workloads). None when there is none."""
+    first = first_owned({"": statefulsets.get(uid_of(ws), [])}).get("")
+    if first is None:
         return None
-    meta = _dict(owned[0].get("metadata"))
+    meta = _dict(first.get("metadata"))
     sts, ns = str(meta.get("name")), str(meta.get("namespace"))
     pod = pods.get((ns, f"{sts}-0"))
-    if pod is None or controller_of(pod) != ("StatefulSet", sts, uid_of(owned[0])):
+    if pod is None or controller_of(pod) != ("StatefulSet", sts, uid_of(first)):
         return None
     return pod
 
@@ -187,10 +188,35 @@ def workspace_port(ws: Mapping[str, Any], kind: Mapping[str, Any] | None) -> tup
     return None
 
 
-def uncontrolled(obj: Mapping[str, Any]) -> bool:
-    """A workload that nothing controls: a Notebook's or a Workspace's StatefulSet, a Deployment's ReplicaSet or
-    an operator's objects are their controller's to scale, never the culler's."""
-    return controller_of(obj) is None
+def controlled_by_kind(obj: Mapping[str, Any], kinds: tuple[str, ...]) -> bool:
+    """Whether the object's controller is of one of `kinds` (an admin's list of operators that own their
+    workloads' scale: `workloads.skipControlledBy`)."""
+    ref = controller_of(obj)
+    return ref is not None and ref[0] in kinds
+
+
+def first_owned(owned: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """For each owner uid, the object it controls that was created first (then by name): a Workspace's own
+    StatefulSet, when its user has attached more to it (their ownerReferences are theirs to write)."""
+    return {uid: min(objs, key=lambda o: (str(_dict(o.get("metadata")).get("creationTimestamp") or ""),
+                                          str(_dict(o.get("metadata")).get("name"))))
+            for uid, objs in owned.items() if objs}
+
+
+def session_statefulset(sts: Mapping[str, Any], workspace_sets: Mapping[str, dict[str, Any]]) -> bool:
+    """Whether a StatefulSet is the one a Notebook or a Workspace session is paired with (culled through that
+    session, scaled by its controller): a Notebook's `<name>` it controls, a Workspace's first. Any other
+    StatefulSet is a workload, whatever ownerReferences its owner wrote on it."""
+    ref = controller_of(sts)
+    if ref is None or target_of(sts) is not STATEFULSETS:
+        return False
+    kind, name, uid = ref
+    if kind == NOTEBOOKS.kind:
+        return name == str(_dict(sts.get("metadata")).get("name"))
+    if kind == WORKSPACES.kind:
+        first = workspace_sets.get(uid)
+        return first is not None and uid_of(first) == uid_of(sts)
+    return False
 
 
 def workload_pod(workload: Mapping[str, Any], replicasets: Mapping[str, list[dict[str, Any]]],

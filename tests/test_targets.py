@@ -18,9 +18,11 @@ from kf_culler.targets import (
     REPLICAS_BEFORE_ANNOTATION,
     WORKSPACE_NAME_LABEL,
     WORKSPACES,
+    first_owned,
     is_stopped,
     owned_by,
     session_key,
+    session_statefulset,
     stop_body,
     target_of,
     workload_pod,
@@ -87,7 +89,7 @@ def test_a_workspace_pod_is_found_by_ownership_only() -> None:
     stray = owned("Pod", "ws-ws1-abcde-0", "StatefulSet", "ws-ws1-abcde", "uid-forged")
     assert workspace_pod(w, owned_by({("team", "s"): sts}, "Workspace"), {("team", "ws-ws1-abcde-0"): stray}) is None
     two = {("team", "a"): sts, ("team", "b"): owned("StatefulSet", "ws-ws1-zzzzz", "Workspace", "ws1", "uid-ws1")}
-    assert workspace_pod(w, owned_by(two, "Workspace"), pods) is None
+    assert workspace_pod(w, owned_by(two, "Workspace"), pods) is pod  # the first; a user's extra one is a workload
 
 
 def test_only_the_workspaces_own_routing_service_is_probed() -> None:
@@ -151,7 +153,7 @@ def test_which_workloads_are_sessions() -> None:
     assert selects_workload(deployment(labels={"s": "1"}), labelled)
     assert not selects_workload(deployment(), labelled)  # the label removed: not a session (docs/targets.md)
     assert selects_workload(deployment(), gpu) and not selects_workload(deployment(gpus=0), gpu)
-    assert not selects_workload(deployment(labels={"s": "1"}, owner="Notebook"), labelled)  # its controller's
+    assert selects_workload(deployment(labels={"s": "1"}, owner="Notebook"), labelled)  # its owner's write
     sts = {**deployment(labels={"s": "1"}), "kind": "StatefulSet"}
     only_deployments = load_mapping({"targets": ["workloads"], "workloads": {
         "selector": {"matchLabels": {"s": "1"}}, "kinds": ["Deployment"]}}, "t")
@@ -175,3 +177,30 @@ def test_a_deployments_pod_is_found_through_its_replicasets_and_its_service_chec
         "the Service s is of type ExternalName"
     assert "does not select" in str(workload_service_problem(d, {**svc, "spec": {"selector": {}}}))
     assert "does not select" in str(workload_service_problem(d, {**svc, "spec": {"selector": {"app": "other"}}}))
+
+
+def test_ownerreferences_a_user_writes_keep_no_workload_out_of_culling() -> None:
+    """A user may write any ownerReference on their own objects: only the StatefulSet a Notebook or Workspace
+    session is paired with is left to that session; a Deployment, or a second StatefulSet attached to one's own
+    Workspace, stays a workload (with gpuWorkloads), and the Workspace keeps the StatefulSet its controller made
+    first."""
+    gpu = load_mapping({"targets": ["workloads"], "workloads": {"gpuWorkloads": True}}, "t")
+    mine = deployment("nb", owner="Notebook")
+    assert selects_workload(mine, gpu) and not session_statefulset(mine, {})  # a Deployment "of" a Notebook
+    notebook_sts = {**deployment("nb"), "kind": "StatefulSet"}
+    notebook_sts["metadata"]["ownerReferences"] = [{"kind": "Notebook", "name": "nb", "uid": "n", "controller": True}]
+    assert session_statefulset(notebook_sts, {})
+    renamed = {**notebook_sts, "metadata": {**notebook_sts["metadata"], "name": "other"}}
+    assert not session_statefulset(renamed, {})  # not the notebook-controller's <name>
+    first = owned("StatefulSet", "ws-ws1-aaaaa", "Workspace", "ws1", "uid-ws1")
+    first["metadata"]["creationTimestamp"] = "2026-12-01T09:00:00Z"
+    extra = {**owned("StatefulSet", "ws-ws1-zzzzz", "Workspace", "ws1", "uid-ws1"), "spec": deployment()["spec"]}
+    extra["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
+    sets = first_owned(owned_by({("team", "a"): first, ("team", "b"): extra}, "Workspace"))
+    assert session_statefulset(first, sets) and not session_statefulset(extra, sets)
+    pod = owned("Pod", "ws-ws1-aaaaa-0", "StatefulSet", "ws-ws1-aaaaa", "uid-ws-ws1-aaaaa")
+    both = owned_by({("team", "a"): first, ("team", "b"): extra}, "Workspace")
+    assert workspace_pod(ws(), both, {("team", "ws-ws1-aaaaa-0"): pod}) is pod
+    operator = load_mapping({"targets": ["workloads"], "workloads": {"gpuWorkloads": True,
+                                                                     "skipControlledBy": ["InferenceService"]}}, "t")
+    assert not selects_workload(deployment("p", owner="InferenceService"), operator)

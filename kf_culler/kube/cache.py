@@ -24,7 +24,9 @@ from kf_culler.targets import (
     NOTEBOOKS,
     WORKLOADS,
     WORKSPACES,
+    first_owned,
     owned_by,
+    session_statefulset,
     target_of,
     workload_pod,
     workload_service_problem,
@@ -120,8 +122,8 @@ def _slim_statefulset(obj: dict[str, Any]) -> dict[str, Any] | None:
     owners = _controller_ref(meta)
     if not any(r.get("kind") in SESSION_KINDS for r in owners):
         return None
-    return {"metadata": {**{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
-                         "ownerReferences": owners}}
+    return {"metadata": {**{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                            if k in meta}, "ownerReferences": owners}}
 
 
 NOTEBOOK_META = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
@@ -180,6 +182,9 @@ def _workload_slim(kind: str, keep: Callable[[dict[str, Any]], bool]) -> Slimmer
         if "replicas" in spec:
             out["spec"]["replicas"] = spec["replicas"]
         out["metadata"] = {k: meta[k] for k in NOTEBOOK_META if k in meta}
+        owners = _controller_ref(meta)
+        if owners:
+            out["metadata"]["ownerReferences"] = owners
         out.pop("status", None)
         return out
 
@@ -573,9 +578,11 @@ class ClusterCache:
                 sets.update(c.snapshot())
             pods_by_owner = {**owned_by(pods, "ReplicaSet"), **owned_by(pods, "StatefulSet")}
             by_deployment = owned_by(sets, "Deployment")
+            workspace_sets = first_owned(owned_by(statefulsets, WORKSPACES.kind))
             chosen: list[tuple[tuple[str, str, str], dict[str, Any]]] = []
             for c in self.workloads:
-                chosen += [((k[0], str(o.get("kind")), k[1]), o) for k, o in c.snapshot().items()]
+                chosen += [((k[0], str(o.get("kind")), k[1]), o) for k, o in c.snapshot().items()
+                           if not session_statefulset(o, workspace_sets)]
             paired += [(w, workload_pod(w, by_deployment, pods_by_owner)) for _, w in sorted(chosen,
                                                                                            key=lambda x: x[0])]
         return paired
