@@ -117,18 +117,19 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from kf_culler.report import explain
+    from kf_culler.targets import session_key
 
     ns, sep, name = args.notebook.partition("/")
     if not sep or not ns or not name:
-        print("kf-culler explain: give the notebook as NAMESPACE/NAME", file=sys.stderr)
+        print("kf-culler explain: give the notebook as NAMESPACE/NAME (another target's session as "
+              "NAMESPACE/Workspace/NAME, NAMESPACE/Deployment/NAME, ...)", file=sys.stderr)
         return 2
     runner = _synced_runner(args)
     if isinstance(runner, int):
         return runner
     try:
         assert runner.cache is not None
-        items = [(nb, pod) for nb, pod in runner.cache.snapshot()
-                 if ((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")) == (ns, name)]
+        items = [(nb, pod) for nb, pod in runner.cache.snapshot() if session_key(nb) == (ns, name)]
         if not items:
             print(f"kf-culler explain: notebook {ns}/{name} not found", file=sys.stderr)
             return 1
@@ -302,7 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="every source's answer for one notebook, and the rule that decided",
                        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("notebook", metavar="NAMESPACE/NAME")
+    p.add_argument("notebook", metavar="NAMESPACE/NAME",
+                   help="a Notebook; another target's session as NAMESPACE/Workspace/NAME, NAMESPACE/Deployment/NAME "
+                   "or NAMESPACE/StatefulSet/NAME (docs/targets.md)")
     _cluster_args(p)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the notebook list")
     p.set_defaults(func=cmd_explain)

@@ -2,6 +2,8 @@
 
     GET /api/v1/namespaces/{namespace}/notebooks/{name}   one notebook's latest verdict
     GET /api/v1/namespaces/{namespace}/notebooks          the namespace's, sorted by name, paged
+    GET /api/v1/namespaces/{namespace}/{workspaces|deployments|statefulsets}/{name}
+                                                          another target's session (docs/targets.md)
 
 The caller presents a ServiceAccount token for the audience kf-culler (`Authorization: Bearer ...`); a
 TokenReview names its namespace, and only that namespace can be read. Order of checks: method (405), route
@@ -27,7 +29,9 @@ PREFIX = "/api/v1/"
 MAX_LIST_ITEMS = 500  # items per list response (?limit= may ask for fewer)
 MAX_LIST_BYTES = 1024 * 1024  # a list response stops before its body would pass this
 _NAME = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
-ONE = re.compile(rf"^/api/v1/namespaces/({_NAME})/notebooks/({_NAME})$")
+# The session kinds by their route's resource; a pass names them `Workspace/<name>`, ... (kf_culler/targets.py).
+KINDS = {"notebooks": "", "workspaces": "Workspace/", "deployments": "Deployment/", "statefulsets": "StatefulSet/"}
+ONE = re.compile(rf"^/api/v1/namespaces/({_NAME})/({'|'.join(KINDS)})/({_NAME})$")
 LIST = re.compile(rf"^/api/v1/namespaces/({_NAME})/notebooks/?$")
 JSON = "application/json"
 
@@ -79,9 +83,10 @@ class VerdictApi:
         if self.store.passes == 0:
             return _status(503, "ServiceUnavailable", "no pass has completed yet", **{"Retry-After": "10"})
         if one:
-            found = self.store.get(namespace, one.group(2))
+            name = KINDS[one.group(2)] + one.group(3)
+            found = self.store.get(namespace, name)
             if found is None:
-                return _status(404, "NotFound", f"no verdict for notebook {namespace}/{one.group(2)}")
+                return _status(404, "NotFound", f"no verdict for {one.group(2)[:-1]} {namespace}/{one.group(3)}")
             return _json(200, {"kind": "NotebookVerdict", **found})
         return self._list(namespace, parse_qs(query))
 

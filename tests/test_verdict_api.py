@@ -278,3 +278,21 @@ def test_response_size_is_bounded_with_many_notebooks() -> None:
     assert api.handle("GET", "/api/v1/namespaces/team/notebooks?limit=x", auth).code == 400
     assert api.handle("GET", "/api/v1/namespaces/Team/notebooks", auth).code == 404  # not a namespace name
     assert api.handle("GET", "/api/v1/namespaces/other/notebooks", auth).code == 403
+
+
+def test_other_targets_sessions_are_read_by_their_resource() -> None:
+    """A Workspace's and a workload's verdicts (named `Workspace/<name>`, `Deployment/<name>` in a pass) are read at
+    .../workspaces/<name>, .../deployments/<name>; a Notebook of the same name stays apart."""
+    now = datetime.now(UTC)
+    results = [NotebookResult("team", name, "jupyter", 0, Verdict("keep", "active", f"{name} works", "9-active"), {})
+               for name in ("same", "Workspace/same", "Deployment/same")]
+    store = VerdictStore()
+    store.update(CycleResult(now, now, 1.0, results))
+    api = VerdictApi(store, Trusting())  # type: ignore[arg-type]
+    auth = {"Authorization": "Bearer ns:team"}
+    for route, name in (("notebooks", "same"), ("workspaces", "Workspace/same"), ("deployments", "Deployment/same")):
+        r = api.handle("GET", f"/api/v1/namespaces/team/{route}/same", auth)
+        assert r.code == 200 and json.loads(r.body)["verdict"]["reason"] == f"{name} works", (route, r.body)
+    assert api.handle("GET", "/api/v1/namespaces/team/statefulsets/same", auth).code == 404
+    assert api.handle("GET", "/api/v1/namespaces/team/pods/same", auth).code == 404  # no such route
+    assert api.handle("GET", "/api/v1/namespaces/other/workspaces/same", auth).code == 403
