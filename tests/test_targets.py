@@ -204,3 +204,15 @@ def test_ownerreferences_a_user_writes_keep_no_workload_out_of_culling() -> None
     operator = load_mapping({"targets": ["workloads"], "workloads": {"gpuWorkloads": True,
                                                                      "skipControlledBy": ["InferenceService"]}}, "t")
     assert not selects_workload(deployment("p", owner="InferenceService"), operator)
+
+
+def test_a_recorded_session_keeps_what_stopped_is_read_from() -> None:
+    """`run --record` keeps of each session what the rules read: a paused Workspace and a workload at 0
+    replicas replay as stopped, a running one as running."""
+    from kf_culler.replay.recorder import minimal_notebook
+
+    settings = load_mapping({}, "t")
+    for obj, stopped in ((ws(paused=True), True), (ws(), False), (deployment(replicas=0), True),
+                         (deployment(), False)):
+        view = NotebookView.of(minimal_notebook(obj), None, settings.policy)
+        assert view.stopped is stopped and view.kind == obj["kind"], obj
