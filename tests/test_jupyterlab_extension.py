@@ -33,11 +33,12 @@ from test_rbac import apply, rbac_objects
 from test_verdict_api import CULLER_NS, EDITOR, call, ensure, notebook_pod, pod_token
 
 from kf_culler.config import load_mapping
-from kf_culler.cycle import CycleResult
+from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube.tokens import TokenReviewer
 from kf_culler.local import objects as obj
 from kf_culler.local.router import Router
 from kf_culler.metrics import ApiServer, Metrics
+from kf_culler.model import Verdict
 from kf_culler.runner import Runner
 from kf_culler.service import instrument
 from kf_culler.timeutil import parse_time
@@ -67,6 +68,7 @@ class Stack:
     http: ApiServer
     token_file: Path
     api: Any
+    store: VerdictStore
 
     def pass_(self, ahead: timedelta = timedelta(0)) -> CycleResult:
         """One dry-run pass of the culler, its clock `ahead` of now."""
@@ -104,7 +106,7 @@ def activity(lab: LabServer) -> datetime:
 
 @contextlib.contextmanager
 def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll: str,
-          policy: dict[str, Any] | None = None) -> Iterator[Stack]:
+          policy: dict[str, Any] | None = None, lab_env: dict[str, str] | None = None) -> Iterator[Stack]:
     core = client.CoreV1Api(api)
     ensure(lambda: core.create_namespace({"metadata": {"name": CULLER_NS}}))
     apply(api, rbac_objects(CULLER_NS, cluster_wide=True))
@@ -119,7 +121,7 @@ def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll
     http = ApiServer("127.0.0.1:0", VerdictApi(store, TokenReviewer(culler_api)))
     http.start()
     env = {"KF_CULLER_VERDICT_URL": f"http://127.0.0.1:{http.port}", "KF_CULLER_TOKEN_FILE": str(token_file),
-           "KF_CULLER_POLL_SECONDS": poll, "KF_CULLER_TIMEOUT_SECONDS": "3"}
+           "KF_CULLER_POLL_SECONDS": poll, "KF_CULLER_TIMEOUT_SECONDS": "3", **(lab_env or {})}
     with Router() as router, LabServer(python, namespace, NAME, env) as lab:
         router.add("notebook", namespace, NAME, f"http://127.0.0.1:{lab.port}", strip=False)
         settings = load_mapping({**(policy or {"idleMinutes": 30, "warnMinutes": 10}),
@@ -129,10 +131,26 @@ def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll
         instrument(runner, Metrics(), None, store)
         try:
             with runner:
-                yield Stack(namespace, lab, runner, http, token_file, api)
+                yield Stack(namespace, lab, runner, http, token_file, api, store)
         finally:
             http.stop()
             runner.close()
+
+
+def test_in_a_workspace_the_banner_asks_for_the_workspaces_verdict(
+        kube: Any, api: Any, namespace: str, lab_python: str, tmp_path: Path) -> None:
+    """Under a Kubeflow Notebooks 2.0 Workspace's connect path (NB_PREFIX /workspace/connect/<ns>/<name>/<portId>)
+    the server part asks the verdict API for the Workspace (`.../workspaces/<name>`, docs/targets.md), not for a
+    Notebook of the same name."""
+    prefix = f"/workspace/connect/{namespace}/{NAME}/jupyterlab"
+    with stack(kube, api, namespace, lab_python, tmp_path, poll="5", lab_env={"NB_PREFIX": prefix}) as s:
+        now = datetime.now(UTC)
+        verdicts = [NotebookResult(namespace, name, "jupyter", 0, Verdict("warn", "idle", why, "10-idle"), {})
+                    for name, why in ((f"Workspace/{NAME}", "the Workspace's reason"), (NAME, "the Notebook's"))]
+        s.store.update(CycleResult(now, now, 1.0, verdicts))
+        doc = s.banner_doc()
+        assert doc["available"] is True and doc["reason"] == "the Workspace's reason", doc
+        assert (doc["action"], doc["state"]) == ("warn", "idle")
 
 
 def test_server_part_relays_the_verdict_and_only_keep_counts_as_activity(

@@ -7,7 +7,8 @@ Where the verdict comes from (environment of the notebook's container):
 
     KF_CULLER_VERDICT_URL   the culler's verdict API, e.g. http://kf-culler.kubeflow.svc.cluster.local:9091
                             (set by an admin through a Kubeflow PodDefault); unset: nothing is shown
-    NB_PREFIX               /notebook/<namespace>/<name> (set by Kubeflow); else the server's base_url
+    NB_PREFIX               /notebook/<namespace>/<name> (set by Kubeflow), or a Kubeflow Notebooks 2.0
+                            Workspace's /workspace/connect/<namespace>/<name>/<portId>; else the base_url
     KF_CULLER_TOKEN_FILE    a projected ServiceAccount token for the audience kf-culler
                             (default: /var/run/secrets/kf-culler/token, where the PodDefault mounts it)
     KF_CULLER_POLL_SECONDS  how often the page asks (default 30)
@@ -29,7 +30,9 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 TOKEN_FILE = "/var/run/secrets/kf-culler/token"  # docs/ide-extension.md: a projected token, audience kf-culler
 DNS = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
-PREFIX = re.compile(rf"^/?notebook/({DNS})/({DNS})/?$")
+# (the prefix, the verdict API's resource for it): a Notebook's, a Workspace's connect path (docs/targets.md)
+PREFIXES = ((re.compile(rf"^/?notebook/({DNS})/({DNS})/?$"), "notebooks"),
+            (re.compile(rf"^/?workspace/connect/({DNS})/({DNS})/[^/]+/?$"), "workspaces"))
 MAX_REASON = 1000
 
 
@@ -48,12 +51,14 @@ def _float_env(name: str, default: float, low: float, high: float) -> float:
         return default
 
 
-def notebook_identity(base_url: str) -> Optional[Tuple[str, str]]:
-    """(namespace, name) from NB_PREFIX, else from the server's base_url (Kubeflow makes them the same)."""
+def notebook_identity(base_url: str) -> Optional[Tuple[str, str, str]]:
+    """(namespace, name, the verdict API's resource) from NB_PREFIX, else from the server's base_url (Kubeflow
+    makes them the same)."""
     for candidate in (os.environ.get("NB_PREFIX", ""), base_url):
-        m = PREFIX.match(candidate.strip())
-        if m:
-            return m.group(1), m.group(2)
+        for prefix, resource in PREFIXES:
+            m = prefix.match(candidate.strip())
+            if m:
+                return m.group(1), m.group(2), resource
     return None
 
 
@@ -79,14 +84,15 @@ class VerdictHandler(APIHandler):
             return self._unavailable("KF_CULLER_VERDICT_URL is not set")
         who = notebook_identity(self.base_url)
         if who is None:
-            return self._unavailable("NB_PREFIX is not /notebook/<namespace>/<name>")
+            return self._unavailable("NB_PREFIX is neither /notebook/<namespace>/<name> nor a Workspace's "
+                                     "/workspace/connect/<namespace>/<name>/<portId>")
         try:
             with open(os.environ.get("KF_CULLER_TOKEN_FILE") or TOKEN_FILE, encoding="utf-8") as f:
                 token = f.read().strip()  # read every time: the kubelet rotates projected tokens
         except OSError as err:
             return self._unavailable(f"no ServiceAccount token: {err.strerror}")
         timeout = _float_env("KF_CULLER_TIMEOUT_SECONDS", 3, 0.1, 30)
-        request = HTTPRequest(f"{base}/api/v1/namespaces/{who[0]}/notebooks/{who[1]}",
+        request = HTTPRequest(f"{base}/api/v1/namespaces/{who[0]}/{who[2]}/{who[1]}",
                               headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
                               connect_timeout=timeout, request_timeout=timeout, follow_redirects=False)
         try:
