@@ -424,3 +424,43 @@ def test_an_idle_gpu_workspace_is_paused_on_gpu_evidence_from_prometheus(env: En
     with pytest.raises(ApiException) as gone:
         env.core.read_namespaced_pod(name, env.namespace)
     assert gone.value.status == 404  # the pod is gone, its GPU free
+
+
+def test_the_controllers_own_culling_and_the_cullers_never_fight(env: Env) -> None:
+    """The Workspace controller's own culling left on (the kind's Jupyter activity probe and a rule pausing after
+    16 s, its minimum): it probes the pod's IP (kwok's pod IPs are loopback addresses, where a real Jupyter server
+    serves the connect path) and pauses the workspace first, silently. The culler, with a longer limit, sees it
+    stopped (rule 1), writes nothing, records no stop of its own, and takes its resumption for no restart.
+    (The rule's minRunningSeconds keeps the controller from pausing the resumed workspace again at once: its
+    probe then reads Jupyter's last_activity from before the pause.)"""
+    kind = env.add_kind("probed", jupyter_probe=True, activity_rules=[
+        {"config": {"secondsSinceActive": 16, "minRunningSeconds": 20}, "effect": {"pauseWorkspace": True}}])
+    env.create("own", kind=kind)
+    pod = env.pod_of("own")
+    assert pod.status.pod_ip.startswith("127."), pod.status.pod_ip  # kwok --cidr (kf_culler/local/cluster.py)
+    server = JupyterServer(env.namespace, "own", base_path=connect_path(env.namespace, "own", "jupyterlab"),
+                           ip=pod.status.pod_ip, port=8888)
+    server.__enter__()
+    env.router.add("ws", env.namespace, "own", f"http://127.0.0.1:{server.port}", strip=True)
+    try:
+        with env.culler(idleMinutes=60) as runner:
+            before = result_for(runner.once().results, "own")
+            assert before.verdict.action == "keep" and before.verdict.rule != "1-stopped", before.verdict
+            procs.wait_until(lambda: env.workspace("own")["spec"].get("paused") is True, 90, 0.5,
+                             "the Workspace controller's own culling to pause the workspace")
+            activity = env.workspace("own").get("status", {}).get("activity") or {}
+            assert activity.get("lastProbe", {}).get("result") == "Success", activity  # it read our server
+            time.sleep(1)  # the cache sees the pause
+            paused = result_for(runner.once().results, "own")
+            assert paused.verdict.rule == "1-stopped" and paused.write is None, (paused.verdict, paused.write)
+            record = env.record("own")
+            assert record is None or "stoppedAt" not in record  # not the culler's stop
+            env.pause("own", False)  # its user starts it again
+            procs.wait_until(lambda: env.workspace("own").get("status", {}).get("state") == "Running", TIMEOUT,
+                             0.2, "the workspace to run again")
+            time.sleep(1)
+            again = result_for(runner.once().results, "own")
+    finally:
+        server.__exit__(None, None, None)
+    assert again.verdict.rule != "3-restarted" and again.verdict.action == "keep", again.verdict
+    assert not [e for e in env.events("own") if e.reason in (EVENT_STOP, EVENT_RESTART)]

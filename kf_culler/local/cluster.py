@@ -46,6 +46,7 @@ CLUSTER_BINARIES = (*APISERVER_BINARIES, "kube-controller-manager", "kube-schedu
 NOTEBOOK_CONTROLLER_ENV = "KF_CULLER_NOTEBOOK_CONTROLLER"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_NODE = "gpu-node"
+POD_CIDR = "127.77.0.0/16"  # kwok's pod IPs
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -318,6 +319,9 @@ class LocalCluster:
             f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
             "--node-lease-duration-seconds", "40",
             "--node-ip", "127.0.0.1",
+            # Pod IPs on loopback (127.0.0.0/8): what a controller that calls a pod's IP reaches is then a server
+            # a test binds there (the Workspace controller's own Jupyter probe), and nothing else.
+            "--cidr", POD_CIDR,
         ])
         self._wait_http("kube-controller-manager", f"https://127.0.0.1:{kcm_port}/healthz", timeout=60,
                         tls=True, verify=False)

@@ -17,12 +17,16 @@ from kf_culler.local import procs
 class JupyterServer(procs.LocalServer):
     what = "the Jupyter server"
 
-    def __init__(self, namespace: str, name: str, terminals: bool = True, base_path: str | None = None) -> None:
+    def __init__(self, namespace: str, name: str, terminals: bool = True, base_path: str | None = None,
+                 ip: str = "127.0.0.1", port: int | None = None) -> None:
         super().__init__("kf-culler-jupyter-", "server.log")
+        self.ip = ip  # another loopback address: a kwok pod's IP, where a controller looks for the server
+        if port is not None:
+            self.port = port
         self.namespace, self.name = namespace, name
         # Kubeflow's prefix by default; a Workspace's connect path for Kubeflow Notebooks 2.0
         self.base_path = base_path or f"/notebook/{namespace}/{name}/"
-        self.url = f"http://127.0.0.1:{self.port}{self.base_path}"
+        self.url = f"http://{self.ip}:{self.port}{self.base_path}"
         self.terminals = terminals
 
     def __enter__(self) -> JupyterServer:
@@ -37,7 +41,7 @@ class JupyterServer(procs.LocalServer):
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
-               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+               f"--ServerApp.ip={self.ip}", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
                f"--ServerApp.base_url={self.base_path}", "--IdentityProvider.token=",
                "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
                f"--ServerApp.root_dir={self.dir}",
