@@ -122,6 +122,20 @@ class Urls(_Model):
     # select the workload's own pods; `{name}` is the workload's.
     workload: str = "http://{name}.{namespace}.svc.{clusterDomain}/"
 
+    @model_validator(mode="after")
+    def _placeholders(self) -> Urls:
+        """Each template names only the placeholders it is filled with (a typo fails here, not every pass)."""
+        plain = {"name": "n", "namespace": "ns", "clusterDomain": "d"}
+        for key, template, fill in (("jupyter", self.jupyter, plain), ("codeServer", self.code_server, plain),
+                                    ("workload", self.workload, plain),
+                                    ("workspace", self.workspace, {**plain, "service": "s", "port": 1, "path": "/"})):
+            try:
+                template.format(**fill)
+            except (KeyError, IndexError, ValueError) as err:
+                raise ValueError(f"urls.{key}: {template[:200]!r} uses a placeholder other than "
+                                 f"{', '.join('{' + k + '}' for k in fill)} ({type(err).__name__}: {err})") from None
+        return self
+
     def template_for(self, url_key: str | None) -> str | None:
         """The template of a `urls` key (`jupyter`, `codeServer`), or None."""
         if url_key is None:
@@ -388,9 +402,11 @@ class WorkloadSettings(_Model):
     gpu_workloads: bool = Field(default=False, alias="gpuWorkloads")
     kinds: tuple[Literal["Deployment", "StatefulSet"], ...] = Field(default=("Deployment", "StatefulSet"),
                                                                     strict=False, min_length=1)
-    # Controller kinds whose workloads are theirs to scale (an operator's), never sessions; a user can write an
-    # ownerReference to an object of their own, so list only kinds they cannot create.
-    skip_controlled_by: tuple[str, ...] = Field(default=(), alias="skipControlledBy", strict=False)
+    # Controllers whose workloads are theirs to scale (an operator's), never sessions: `<API group>/<Kind>`, e.g.
+    # serving.kserve.io/InferenceService. An ownerReference is its owner's to write: list only kinds whose
+    # objects profile users cannot create.
+    skip_controlled_by: tuple[Annotated[str, StringConstraints(pattern=r"^[a-z0-9.-]+/[A-Za-z0-9]+$")], ...] = Field(
+        default=(), alias="skipControlledBy", strict=False)
 
     @model_validator(mode="after")
     def _chooses(self) -> WorkloadSettings:

@@ -30,7 +30,7 @@ from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
-from kf_culler.targets import NOTEBOOKS, WORKSPACES, session_key
+from kf_culler.targets import NOTEBOOKS, WORKSPACES, session_key, target_of
 
 if TYPE_CHECKING:
     from kf_culler.notify.notifier import Notifier
@@ -331,11 +331,30 @@ class Cycle:
 
     def _act_all(self, judged: list[Judged], now: datetime) -> tuple[list[NotebookResult], bool]:
         """Plan and write every judged notebook, with at most `writesInFlight` writes at once; results in the
-        pass's order. The records that must be stored before their patch (stops, warnings, restarts) are stored
-        first, all at once (`_store_before`). A stop request (SIGTERM) ends the pass between notebooks; a
-        record stored for a patch that was then not sent is taken back."""
-        interrupted = False
+        pass's order. In chunks of CHUNK_PER_WRITER x writesInFlight notebooks: the records a chunk's stops,
+        warnings and restarts must store before their patches are stored first, all at once (`_store_before`),
+        then its notebooks are written, then the records whose patch did not land are taken back; a culler
+        killed mid-pass leaves at most one chunk's records ahead of their patches. A stop request (SIGTERM)
+        ends the pass between notebooks."""
         workers = self.settings.operations.writes_in_flight if self.writer is not None else 1
+        size = max(1, workers * CHUNK_PER_WRITER)
+        results: list[NotebookResult] = []
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="write") if workers > 1 else None
+        try:
+            for start in range(0, len(judged), size):
+                found, interrupted = self._act_chunk(judged[start:start + size], now, pool)
+                results += found
+                if interrupted:
+                    return results, True
+        finally:
+            if pool is not None:
+                pool.shutdown()
+        return results, False
+
+    def _act_chunk(self, judged: list[Judged], now: datetime,
+                   pool: ThreadPoolExecutor | None) -> tuple[list[NotebookResult], bool]:
+        """One chunk of `_act_all`: store the records that go before the patches, write, take back."""
+        interrupted = False
         context = otel_context.get_current()
         stored = self._store_before(judged, now)
         undo: list[tuple[str, str, str, CullerRecord | None]] = []
@@ -353,7 +372,7 @@ class Cycle:
             finally:
                 otel_context.detach(token)
 
-        if workers <= 1:
+        if pool is None:
             found = []
             for j in judged:
                 if self.stop_flag.is_set():
@@ -361,16 +380,14 @@ class Cycle:
                     break
                 found.append(act(j))
         else:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="write") as pool:
-                found = list(pool.map(act, judged))
+            found = list(pool.map(act, judged))
             interrupted = self.stop_flag.is_set()
         for j in judged:
             change = stored.get(j.sel.key)
             if change is not None and change is not _NOT_STORED and j.sel.key not in settled:
                 undo.append(self._restore(j.nb, j.sel.view))
         self._undo_all(undo)
-        results = [r for r in found if r is not None]
-        return results, interrupted
+        return [r for r in found if r is not None], interrupted
 
     def _store_before(self, judged: list[Judged], now: datetime) -> dict[tuple[str, str], RecordChange]:
         """Store, in one patch per record bucket, every record change that must be kept before its notebook's
@@ -381,15 +398,21 @@ class Cycle:
         step = self.settings.operations.last_activity_step_minutes
         wanted: dict[tuple[str, str], RecordChange] = {}
         rows: list[tuple[str, str, str, CullerRecord | None]] = []
+        uids: set[str] = set()
         for j in judged:
             view = j.sel.view
             uid = (j.nb.get("metadata") or {}).get("uid")
-            if j.held or not isinstance(uid, str) or not self._may_store(str(view.namespace)):
+            if j.held or not isinstance(uid, str) or uid in uids or j.sel.key in wanted \
+                    or not self._may_store(str(view.namespace)):
+                continue  # a notebook seen twice (a namespace listed twice) is stored the usual way
+            try:
+                planned = plan(view, j.verdict, now, step)
+            except Exception:  # this notebook's own pass reports it
                 continue
-            planned = plan(view, j.verdict, now, step)
             change = planned.record
             if change is None or not change.before_patch or planned.empty:
                 continue
+            uids.add(uid)
             wanted[j.sel.key] = change
             rows.append((uid, str(view.namespace), str(view.name), change.record))
         done = self.records.put_many(rows)
@@ -466,6 +489,8 @@ class Cycle:
         found = self.records.get(uid)
         if found is not None:
             return found
+        if target_of(nb) is not NOTEBOOKS:  # the old marks were only ever written on Notebooks
+            return None
         ann = meta.get("annotations")
         old = imported(ann, now) if isinstance(ann, dict) else None
         if old is not None and self._may_store(str(meta.get("namespace"))):
@@ -475,6 +500,11 @@ class Cycle:
     def _may_store(self, ns: str) -> bool:
         return (self.writer is not None and not self.settings.operations.dry_run and self.may_write()
                 and (self.owns is None or self.owns(ns)))
+
+    def _stores(self, view: NotebookView, change: RecordChange | None) -> bool:
+        """Whether `_store_record` stores this change before its patch (rather than deferring or skipping it)."""
+        return (change is not None and change.before_patch and self.records is not None
+                and self._may_store(str(view.namespace)))
 
     def _store_record(self, nb: dict[str, Any], view: NotebookView, change: RecordChange | None) -> bool:
         """Keep a record change (rule 15): a stop's or a restart's now, before the patch it records (False: it
@@ -544,15 +574,18 @@ class Cycle:
                     def allowed() -> bool:
                         return may_write() and (owns is None or owns(ns))
 
+                    recorded = False  # whether this pass stored a record for this patch (to take back)
                     if stored is _NOT_STORED:
                         ok = False
                     elif stored is not None and stored == result.plan.record:
-                        ok = True  # stored with the pass's others (`_store_before`)
+                        ok = recorded = True  # stored with the chunk's others (`_store_before`)
                     else:  # no change stored before (or, never expected, another one): stored now
+                        recorded = self._stores(view, result.plan.record)
                         ok = self._store_record(nb, view, result.plan.record)
+                        recorded = recorded and ok
                     if ok:
                         result.write = self.writer.apply(nb, result.plan, replan, now, allowed)
-                        if not self._landed(result):
+                        if recorded and not self._landed(result):
                             restore = self._restore(nb, view)
                             if undo is not None:
                                 undo.append(restore)
@@ -576,6 +609,8 @@ class Cycle:
             return result
 
 
+# Notebooks per write worker in one chunk of a pass's writes (`Cycle._act_all`).
+CHUNK_PER_WRITER = 16
 # A before-patch record change that could not be stored: its notebook is not written this pass.
 _NOT_STORED = RecordChange(CullerRecord(), before_patch=True)
 

@@ -26,6 +26,7 @@ from kf_culler.model import (
     State,
 )
 from kf_culler.stopped import LongStopped
+from kf_culler.targets import NOTEBOOKS, target_of
 from kf_culler.timeutil import parse_time
 
 STATES: tuple[str, ...] = get_args(State)
@@ -134,7 +135,8 @@ class Metrics:
         for nb, _pod in items:
             meta = nb.get("metadata") or {}
             ann = meta.get("annotations") or {}
-            if STOP_ANNOTATION not in ann or (str(meta.get("namespace")), str(meta.get("name"))) in orphaned:
+            if STOP_ANNOTATION not in ann or (str(meta.get("namespace")), str(meta.get("name"))) in orphaned \
+                    or target_of(nb) is not NOTEBOOKS:  # other targets' stops are not this annotation (docs/targets.md)
                 continue
             ours = stopped_by_culler(nb) if stopped_by_culler is not None else (
                 ann.get(STOPPED_BY_ANNOTATION) == STOPPED_BY_VALUE)

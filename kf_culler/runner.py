@@ -27,6 +27,7 @@ from kf_culler.memory import settle as settle_memory
 from kf_culler.plan import EVENT_CONTESTED, EVENT_ORPHAN, EventSpec
 from kf_culler.policy import policy_of, selects_workload
 from kf_culler.sources.bulk import BulkSource
+from kf_culler.targets import NOTEBOOKS, target_of
 from kf_culler.timeutil import format_time
 
 if TYPE_CHECKING:
@@ -257,7 +258,7 @@ class Runner:
         resources = self.settings.policy.gpu_resources
         self.gpu_orphans = [o for o in self.cache.orphans if gpu_count({}, o.pod, resources) > 0]
         notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
-                     for nb, _ in snapshot}
+                     for nb, _ in snapshot if target_of(nb) is NOTEBOOKS}  # named like their pods: v1 Notebooks
         writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
         for o in self.gpu_orphans:
             uid = str((o.pod.get("metadata") or {}).get("uid"))
@@ -282,7 +283,7 @@ class Runner:
         gpu = self._sources[0] if self._sources is not None else None
         self.gpu_contested = list(gpu.contested) if isinstance(gpu, PrometheusGpu) else []
         notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
-                     for nb, _ in snapshot}
+                     for nb, _ in snapshot if target_of(nb) is NOTEBOOKS}  # named like their pods: v1 Notebooks
         writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
         for ns, pod, what in self.gpu_contested:
             if (ns, pod, what) in self._contested_told or not (self.owns is None or self.owns(ns)):

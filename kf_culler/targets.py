@@ -10,6 +10,8 @@ Pure: over the cached objects.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +44,8 @@ DEPLOYMENTS = Target("workloads", "Deployment", "apps", "v1", "deployments")
 STATEFULSETS = Target("workloads", "StatefulSet", "apps", "v1", "statefulsets")
 TARGETS = {t.name: t for t in (NOTEBOOKS, WORKSPACES, DEPLOYMENTS)}
 WORKLOADS = (DEPLOYMENTS, STATEFULSETS)
-_BY_KIND = {t.kind: t for t in (NOTEBOOKS, WORKSPACES, *WORKLOADS)}
+KINDS = {t.kind: t for t in (NOTEBOOKS, WORKSPACES, *WORKLOADS)}  # the session kinds' targets
+_BY_KIND = KINDS
 # The replica count a workload had when the culler scaled it to 0 (for its user: what to scale back to).
 REPLICAS_BEFORE_ANNOTATION = "notebook-culler.io/replicas-before"
 
@@ -114,40 +117,71 @@ def uid_of(obj: Mapping[str, Any]) -> str:
     return str(_dict(obj.get("metadata")).get("uid") or "")
 
 
-def owned_by(objects: Mapping[Key, dict[str, Any]], kind: str) -> dict[str, list[dict[str, Any]]]:
-    """The objects controlled by an object of `kind`, by that owner's uid."""
-    out: dict[str, list[dict[str, Any]]] = {}
+OwnerKey = tuple[str, str]  # (namespace, the owner's uid): an owner is in its dependents' namespace
+
+
+def owner_key(obj: Mapping[str, Any]) -> OwnerKey:
+    meta = _dict(obj.get("metadata"))
+    return str(meta.get("namespace") or ""), uid_of(obj)
+
+
+def owned_by(objects: Mapping[Key, dict[str, Any]], kind: str) -> dict[OwnerKey, list[dict[str, Any]]]:
+    """The objects controlled by an object of `kind`, by (namespace, that owner's uid): a uid written in another
+    namespace's ownerReference names nothing of this one."""
+    out: dict[OwnerKey, list[dict[str, Any]]] = {}
     for obj in objects.values():
         ref = controller_of(obj)
         if ref is not None and ref[0] == kind:
-            out.setdefault(ref[2], []).append(obj)
+            out.setdefault((str(_dict(obj.get("metadata")).get("namespace") or ""), ref[2]), []).append(obj)
     return out
 
 
-def workspace_pod(ws: Mapping[str, Any], statefulsets: Mapping[str, list[dict[str, Any]]],
+def _gpus(pod: Mapping[str, Any]) -> float:
+    """What the pod's containers ask of resources named like GPUs (to choose among a session's pods)."""
+    total = 0.0
+    for c in _dict(pod.get("spec")).get("containers") or []:
+        for kind in ("limits", "requests"):
+            for name, value in _dict(_dict(_dict(c).get("resources")).get(kind)).items():
+                if "gpu" in str(name):
+                    with contextlib.suppress(ValueError):
+                        n = float(str(value))
+                        total += n if math.isfinite(n) and n > 0 else 0.0
+    return total
+
+
+def _running(pod: Mapping[str, Any]) -> bool:
+    return _dict(pod.get("status")).get("phase") == "Running" and not _dict(pod.get("metadata")).get(
+        "deletionTimestamp")
+
+
+def workspace_pod(ws: Mapping[str, Any], statefulsets: Mapping[OwnerKey, list[dict[str, Any]]],
                   pods: Mapping[Key, dict[str, Any]]) -> dict[str, Any] | None:
-    """A Workspace's pod: `<statefulset>-0` of the StatefulSet the Workspace controls, controlled by that
+    """A Workspace's pod: `<statefulset>-0` of a StatefulSet the Workspace controls, controlled by that
     StatefulSet (the Workspace controller names both with random suffixes: found by ownership, never by name
-    or labels, which the user can write). Of several, the first created (the controller's: a user may attach
-    more, which are then plain workloads). None when there is none."""
-    first = first_owned({"": statefulsets.get(uid_of(ws), [])}).get("")
-    if first is None:
+    or labels, which the user can write). A user can attach more StatefulSets to their Workspace: of all
+    their pods, the Running one asking for the most GPUs, so that none can hide the one holding a GPU. None
+    when there is none."""
+    found = []
+    for sts in statefulsets.get(owner_key(ws), []):
+        meta = _dict(sts.get("metadata"))
+        name = str(meta.get("name"))
+        pod = pods.get((str(meta.get("namespace")), f"{name}-0"))
+        if pod is not None and controller_of(pod) == ("StatefulSet", name, uid_of(sts)):
+            found.append(pod)
+    if not found:
         return None
-    meta = _dict(first.get("metadata"))
-    sts, ns = str(meta.get("name")), str(meta.get("namespace"))
-    pod = pods.get((ns, f"{sts}-0"))
-    if pod is None or controller_of(pod) != ("StatefulSet", sts, uid_of(first)):
-        return None
-    return pod
+    best = max((_running(p), _gpus(p)) for p in found)
+    return min((p for p in found if (_running(p), _gpus(p)) == best),
+               key=lambda p: str(_dict(p.get("metadata")).get("name")))
 
 
-def workspace_service(ws: Mapping[str, Any], services: Mapping[str, list[dict[str, Any]]]
+def workspace_service(ws: Mapping[str, Any], services: Mapping[OwnerKey, list[dict[str, Any]]]
                       ) -> tuple[dict[str, Any] | None, str | None]:
     """The Service the Workspace controller made for the Workspace, or why there is none to trust: it must be
     controlled by the Workspace, of a type that routes to endpoints, and select the Workspace's own pod by both
     labels the controller sets (a user may create and edit Services, not make the controller own one)."""
     name = str(_dict(ws.get("metadata")).get("name"))
-    owned = services.get(uid_of(ws), [])
+    owned = services.get(owner_key(ws), [])
     if len(owned) != 1:
         return None, ("the workspace has no Service of its own" if not owned
                       else f"the workspace controls {len(owned)} Services")
@@ -189,46 +223,45 @@ def workspace_port(ws: Mapping[str, Any], kind: Mapping[str, Any] | None) -> tup
 
 
 def controlled_by_kind(obj: Mapping[str, Any], kinds: tuple[str, ...]) -> bool:
-    """Whether the object's controller is of one of `kinds` (an admin's list of operators that own their
-    workloads' scale: `workloads.skipControlledBy`)."""
-    ref = controller_of(obj)
-    return ref is not None and ref[0] in kinds
+    """Whether the object's controller is of one of `kinds`, each `<API group>/<Kind>` (an admin's list of
+    operators that own their workloads' scale: `workloads.skipControlledBy`). The group must match too: an
+    ownerReference to an owner that does not exist in a served API is garbage-collected away, one to an
+    unserved API is not, so a kind alone could be borrowed."""
+    refs = _dict(obj.get("metadata")).get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, dict) and ref.get("controller") is True:
+            group = str(ref.get("apiVersion") or "").rpartition("/")[0]
+            return f"{group}/{ref.get('kind')}" in kinds
+    return False
 
 
-def first_owned(owned: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """For each owner uid, the object it controls that was created first (then by name): a Workspace's own
-    StatefulSet, when its user has attached more to it (their ownerReferences are theirs to write)."""
-    return {uid: min(objs, key=lambda o: (str(_dict(o.get("metadata")).get("creationTimestamp") or ""),
-                                          str(_dict(o.get("metadata")).get("name"))))
-            for uid, objs in owned.items() if objs}
-
-
-def session_statefulset(sts: Mapping[str, Any], workspace_sets: Mapping[str, dict[str, Any]]) -> bool:
+def session_statefulset(sts: Mapping[str, Any], sessions: frozenset[OwnerKey] | set[OwnerKey]) -> bool:
     """Whether a StatefulSet is the one a Notebook or a Workspace session is paired with (culled through that
-    session, scaled by its controller): a Notebook's `<name>` it controls, a Workspace's first. Any other
-    StatefulSet is a workload, whatever ownerReferences its owner wrote on it."""
+    session, scaled by its controller): controlled by a session the culler lists (`sessions`: (namespace, uid)
+    of its Notebooks and of its Workspaces that control one StatefulSet), and for a Notebook its `<name>`. An
+    ownerReference is its owner's to write, to a made-up or unlisted owner as well: any other StatefulSet is a
+    workload."""
     ref = controller_of(sts)
     if ref is None or target_of(sts) is not STATEFULSETS:
         return False
     kind, name, uid = ref
+    if (str(_dict(sts.get("metadata")).get("namespace") or ""), uid) not in sessions:
+        return False
     if kind == NOTEBOOKS.kind:
         return name == str(_dict(sts.get("metadata")).get("name"))
-    if kind == WORKSPACES.kind:
-        first = workspace_sets.get(uid)
-        return first is not None and uid_of(first) == uid_of(sts)
-    return False
+    return kind == WORKSPACES.kind
 
 
-def workload_pod(workload: Mapping[str, Any], replicasets: Mapping[str, list[dict[str, Any]]],
-                 pods_by_owner: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+def workload_pod(workload: Mapping[str, Any], replicasets: Mapping[OwnerKey, list[dict[str, Any]]],
+                 pods_by_owner: Mapping[OwnerKey, list[dict[str, Any]]]) -> dict[str, Any] | None:
     """A workload's pod, by ownership: a StatefulSet's pods are controlled by it, a Deployment's by its
     ReplicaSets. With several (a rollout, more than one replica), the Running one that started first (the
     session's), else the first by name. None when it has none."""
-    uid = uid_of(workload)
+    key = owner_key(workload)
     if target_of(workload) is DEPLOYMENTS:
-        pods = [p for rs in replicasets.get(uid, []) for p in pods_by_owner.get(uid_of(rs), [])]
+        pods = [p for rs in replicasets.get(key, []) for p in pods_by_owner.get(owner_key(rs), [])]
     else:
-        pods = list(pods_by_owner.get(uid, []))
+        pods = list(pods_by_owner.get(key, []))
     if not pods:
         return None
     running = [p for p in pods if _dict(p.get("status")).get("phase") == "Running"

@@ -18,7 +18,6 @@ from kf_culler.targets import (
     REPLICAS_BEFORE_ANNOTATION,
     WORKSPACE_NAME_LABEL,
     WORKSPACES,
-    first_owned,
     is_stopped,
     owned_by,
     session_key,
@@ -89,7 +88,9 @@ def test_a_workspace_pod_is_found_by_ownership_only() -> None:
     stray = owned("Pod", "ws-ws1-abcde-0", "StatefulSet", "ws-ws1-abcde", "uid-forged")
     assert workspace_pod(w, owned_by({("team", "s"): sts}, "Workspace"), {("team", "ws-ws1-abcde-0"): stray}) is None
     two = {("team", "a"): sts, ("team", "b"): owned("StatefulSet", "ws-ws1-zzzzz", "Workspace", "ws1", "uid-ws1")}
-    assert workspace_pod(w, owned_by(two, "Workspace"), pods) is pod  # the first; a user's extra one is a workload
+    assert workspace_pod(w, owned_by(two, "Workspace"), pods) is pod  # the only one with a pod
+    elsewhere = {**sts, "metadata": {**sts["metadata"], "namespace": "other"}}  # a uid written in another namespace
+    assert workspace_pod(w, owned_by({("other", "s"): elsewhere}, "Workspace"), pods) is None
 
 
 def test_only_the_workspaces_own_routing_service_is_probed() -> None:
@@ -180,30 +181,47 @@ def test_a_deployments_pod_is_found_through_its_replicasets_and_its_service_chec
 
 
 def test_ownerreferences_a_user_writes_keep_no_workload_out_of_culling() -> None:
-    """A user may write any ownerReference on their own objects: only the StatefulSet a Notebook or Workspace
-    session is paired with is left to that session; a Deployment, or a second StatefulSet attached to one's own
-    Workspace, stays a workload (with gpuWorkloads), and the Workspace keeps the StatefulSet its controller made
-    first."""
+    """A user may write any ownerReference on their own objects, to made-up owners too: only the StatefulSet of a
+    Notebook (its `<name>`) or a Workspace that the culler lists, in its namespace, is left to that session; a
+    Workspace with StatefulSets its user attached is paired with the Running pod asking for the most GPUs; an
+    operator's kind is skipped only with its API group."""
     gpu = load_mapping({"targets": ["workloads"], "workloads": {"gpuWorkloads": True}}, "t")
     mine = deployment("nb", owner="Notebook")
-    assert selects_workload(mine, gpu) and not session_statefulset(mine, {})  # a Deployment "of" a Notebook
+    assert selects_workload(mine, gpu) and not session_statefulset(mine, {("team", "n")})  # a Deployment
     notebook_sts = {**deployment("nb"), "kind": "StatefulSet"}
     notebook_sts["metadata"]["ownerReferences"] = [{"kind": "Notebook", "name": "nb", "uid": "n", "controller": True}]
-    assert session_statefulset(notebook_sts, {})
+    assert session_statefulset(notebook_sts, {("team", "n")})
+    assert not session_statefulset(notebook_sts, set())  # a Notebook the culler does not list: made up
+    assert not session_statefulset(notebook_sts, {("other", "n")})  # another namespace's
     renamed = {**notebook_sts, "metadata": {**notebook_sts["metadata"], "name": "other"}}
-    assert not session_statefulset(renamed, {})  # not the notebook-controller's <name>
-    first = owned("StatefulSet", "ws-ws1-aaaaa", "Workspace", "ws1", "uid-ws1")
-    first["metadata"]["creationTimestamp"] = "2026-12-01T09:00:00Z"
-    extra = {**owned("StatefulSet", "ws-ws1-zzzzz", "Workspace", "ws1", "uid-ws1"), "spec": deployment()["spec"]}
-    extra["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
-    sets = first_owned(owned_by({("team", "a"): first, ("team", "b"): extra}, "Workspace"))
-    assert session_statefulset(first, sets) and not session_statefulset(extra, sets)
-    pod = owned("Pod", "ws-ws1-aaaaa-0", "StatefulSet", "ws-ws1-aaaaa", "uid-ws-ws1-aaaaa")
-    both = owned_by({("team", "a"): first, ("team", "b"): extra}, "Workspace")
-    assert workspace_pod(ws(), both, {("team", "ws-ws1-aaaaa-0"): pod}) is pod
-    operator = load_mapping({"targets": ["workloads"], "workloads": {"gpuWorkloads": True,
-                                                                     "skipControlledBy": ["InferenceService"]}}, "t")
-    assert not selects_workload(deployment("p", owner="InferenceService"), operator)
+    assert not session_statefulset(renamed, {("team", "n")})  # not the notebook-controller's <name>
+    decoy = owned("StatefulSet", "ws-ws1-aaaaa", "Workspace", "ws1", "uid-ws1")  # empty, made first by its user
+    real = owned("StatefulSet", "ws-ws1-zzzzz", "Workspace", "ws1", "uid-ws1")
+    gpu_pod = {**owned("Pod", "ws-ws1-zzzzz-0", "StatefulSet", "ws-ws1-zzzzz", "uid-ws-ws1-zzzzz"),
+               "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+               "status": {"phase": "Running"}}
+    idle_pod = {**owned("Pod", "ws-ws1-aaaaa-0", "StatefulSet", "ws-ws1-aaaaa", "uid-ws-ws1-aaaaa"),
+                "status": {"phase": "Running"}}
+    both = owned_by({("team", "a"): decoy, ("team", "b"): real}, "Workspace")
+    pods = {("team", "ws-ws1-zzzzz-0"): gpu_pod, ("team", "ws-ws1-aaaaa-0"): idle_pod}
+    assert workspace_pod(ws(), both, pods) is gpu_pod  # the GPU cannot be hidden behind another StatefulSet
+    operator = load_mapping({"targets": ["workloads"], "workloads": {
+        "gpuWorkloads": True, "skipControlledBy": ["serving.kserve.io/InferenceService"]}}, "t")
+    served = deployment("p")
+    served["metadata"]["ownerReferences"] = [{"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+                                              "name": "p", "uid": "i", "controller": True}]
+    assert not selects_workload(served, operator)
+    borrowed = deployment("q")
+    borrowed["metadata"]["ownerReferences"] = [{"apiVersion": "x.example/v1", "kind": "InferenceService",
+                                                "name": "q", "uid": "i", "controller": True}]
+    assert selects_workload(borrowed, operator)  # the kind alone, from an unserved API: still a session
+    try:
+        load_mapping({"targets": ["workloads"], "workloads": {"gpuWorkloads": True,
+                                                              "skipControlledBy": ["InferenceService"]}}, "t")
+    except Exception as err:
+        assert "skipControlledBy" in str(err)
+    else:
+        raise AssertionError("a kind without its API group was accepted")
 
 
 def test_a_recorded_session_keeps_what_stopped_is_read_from() -> None:

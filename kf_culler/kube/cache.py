@@ -24,8 +24,8 @@ from kf_culler.targets import (
     NOTEBOOKS,
     WORKLOADS,
     WORKSPACES,
-    first_owned,
     owned_by,
+    owner_key,
     session_statefulset,
     target_of,
     workload_pod,
@@ -504,7 +504,8 @@ class ClusterCache:
         self.workspace_kinds: list[_Collection] = [_Collection(
             "workspacekinds", _bind(custom.list_cluster_custom_object, ws.group, ws.version, "workspacekinds"),
             self.stop_event, slim=_slim_workspace_kind)] if ws.name in targets else []
-        self._ws_services: dict[str, list[dict[str, Any]]] = {}  # by the controlling Workspace's uid
+        # by (namespace, the controlling Workspace's uid)
+        self._ws_services: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.orphans: list[Orphan] = []  # pods named like a notebook's that its ownership chain does not reach
 
     def _watch_workloads(self, custom: Any, apps: Any, ns: str | None, keep: Callable[[dict[str, Any]], bool],
@@ -563,7 +564,7 @@ class ClusterCache:
             pods.update(c.snapshot())
         paired, self.orphans = pair(notebooks, statefulsets, pods)
         if self.workspaces:
-            by_owner = owned_by(statefulsets, WORKSPACES.kind)
+            by_owner = owned_by(statefulsets, WORKSPACES.kind)  # by (namespace, Workspace uid)
             services: dict[Key, dict[str, Any]] = {}
             for c in self.services:
                 services.update(c.snapshot())
@@ -578,11 +579,17 @@ class ClusterCache:
                 sets.update(c.snapshot())
             pods_by_owner = {**owned_by(pods, "ReplicaSet"), **owned_by(pods, "StatefulSet")}
             by_deployment = owned_by(sets, "Deployment")
-            workspace_sets = first_owned(owned_by(statefulsets, WORKSPACES.kind))
+            # The sessions whose StatefulSet is theirs, not a workload: this cache's Notebooks, and its Workspaces
+            # that control one StatefulSet (one with more is paired with the pod holding the most GPUs, and
+            # every one of its StatefulSets stays a workload too).
+            sessions = {owner_key(nb) for nb, _ in paired if target_of(nb) is NOTEBOOKS}
+            workspaces = {owner_key(nb) for nb, _ in paired if target_of(nb) is WORKSPACES}
+            ws_sets = owned_by(statefulsets, WORKSPACES.kind)
+            sessions |= {key for key, owned in ws_sets.items() if len(owned) == 1 and key in workspaces}
             chosen: list[tuple[tuple[str, str, str], dict[str, Any]]] = []
             for c in self.workloads:
                 chosen += [((k[0], str(o.get("kind")), k[1]), o) for k, o in c.snapshot().items()
-                           if not session_statefulset(o, workspace_sets)]
+                           if not session_statefulset(o, sessions)]
             paired += [(w, workload_pod(w, by_deployment, pods_by_owner)) for _, w in sorted(chosen,
                                                                                            key=lambda x: x[0])]
         return paired

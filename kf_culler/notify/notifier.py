@@ -28,6 +28,8 @@ from kf_culler.notify import webhook as hooks
 from kf_culler.notify.fairqueue import FairQueue, RateLimited
 from kf_culler.notify.message import Notice, payload, render
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
+from kf_culler.targets import KINDS as TARGETS_BY_KIND
+from kf_culler.targets import NOTEBOOKS
 from kf_culler.timeutil import format_time
 
 log = logging.getLogger("kf_culler.notify")
@@ -233,10 +235,13 @@ class Notifier:
 
     def _failure_event(self, notice: Notice, text: str) -> None:
         stamp = format_time(datetime.now(UTC))
+        kind, sep, plain = notice.name.partition("/")  # a pass names other targets' sessions `<Kind>/<name>`
+        target = TARGETS_BY_KIND.get(kind) if sep else NOTEBOOKS
+        name = plain if sep else notice.name
         body = {
-            "metadata": {"generateName": f"{notice.name}.", "namespace": notice.namespace},
-            "involvedObject": {"apiVersion": "kubeflow.org/v1", "kind": "Notebook", "name": notice.name,
-                               "namespace": notice.namespace, "uid": notice.uid},
+            "metadata": {"generateName": f"{name}.", "namespace": notice.namespace},
+            "involvedObject": {"apiVersion": (target or NOTEBOOKS).api_version, "kind": (target or NOTEBOOKS).kind,
+                               "name": name, "namespace": notice.namespace, "uid": notice.uid},
             "type": "Warning", "reason": FAILED_EVENT, "message": text[:1024],
             "source": {"component": "kf-culler"}, "reportingComponent": "kf-culler",
             "reportingInstance": "kf-culler", "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
