@@ -21,6 +21,7 @@ from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brake
 from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
 from kf_culler.gather import DNS_LABEL, Gathered, Request, gather, template_for, url_for
+from kf_culler.kube.event_tail import EventTail
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer, WriteResult
 from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, WARNED_AT_ANNOTATION, InputError, Verdict
@@ -94,8 +95,14 @@ class CycleResult:
     results: list[NotebookResult]
     bulk_queries: int = 0
     interrupted: bool = False
-    phases: dict[str, float] = field(default_factory=dict)  # seconds: select, gather, apply
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: select, gather, apply (events, when waited)
     brakes: Outcome | None = None  # what the brakes did in this pass (kf_culler/brakes.py); None: no brakes
+    # The pass's Events, sent after its patches (kf_culler/kube/event_tail.py); None: it wrote none.
+    events: EventTail | None = None
+
+    def wait_events(self, timeout: float | None = None) -> bool:
+        """Wait until the pass's Events are sent (each result's `write.event` then says how it went)."""
+        return self.events is None or self.events.wait(timeout)
 
 
 @dataclass
@@ -163,6 +170,12 @@ class Cycle:
     # A Workspace's IDE endpoint, (Service, port, path), or why it cannot be reached safely
     # (kf_culler/kube/cache.py `workspace_endpoint`); None: Workspaces are not probed.
     endpoint: Callable[[dict[str, Any]], tuple[str, int, str] | str] | None = None
+    # The pass's Events go out after all its patches (kf_culler/kube/event_tail.py). False: `run` waits for
+    # them before it returns; True: it returns with them still going (`CycleResult.wait_events`).
+    events_in_background: bool = False
+    on_event: Callable[[NotebookResult], None] | None = None  # told of each result once its Event is sent
+    # Earlier passes' results whose Event could not be sent (the API server down): sent again, before this pass's.
+    resend: tuple[NotebookResult, ...] = ()
 
     def node_for(self, pod: dict[str, Any] | None) -> dict[str, Any] | None:
         """The Node the pod runs on, when the culler reads Nodes (rule 17)."""
@@ -279,7 +292,15 @@ class Cycle:
             span.set_attribute("kf_culler.interrupted", interrupted)
         t_end = time.monotonic()
         phases = {"select": t_gather - t0, "gather": t_apply - t_gather, "apply": t_end - t_apply}
-        return CycleResult(started, now, t_end - t0, results, gathered.bulk_queries, interrupted, phases, braked)
+        events = None
+        if self.writer is not None:
+            events = EventTail(self.writer, results, self.settings.operations.writes_in_flight, self.on_event,
+                               self.resend)
+            if not self.events_in_background:
+                events.wait()
+                phases["events"] = time.monotonic() - t_end
+        return CycleResult(started, now, time.monotonic() - t0, results, gathered.bulk_queries, interrupted, phases,
+                           braked, events)
 
     def _judge(self, nb: dict[str, Any], sel: Selected, pre: dict[tuple[str, str], Verdict], gathered: Gathered,
                now: datetime) -> Judged | None:
@@ -584,7 +605,7 @@ class Cycle:
                         ok = self._store_record(nb, view, result.plan.record)
                         recorded = recorded and ok
                     if ok:
-                        result.write = self.writer.apply(nb, result.plan, replan, now, allowed)
+                        result.write = self.writer.apply(nb, result.plan, replan, now, allowed, defer_event=True)
                         if recorded and not self._landed(result):
                             restore = self._restore(nb, view)
                             if undo is not None:

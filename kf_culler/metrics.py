@@ -96,11 +96,18 @@ class Metrics:
         if w is None or w.outcome != "patched":
             return
         self.api_writes.labels("patch").inc(w.attempts)
-        if w.event == "created":
-            self.api_writes.labels("event").inc()
         if r.verdict.action == "stop":
             self.stops.labels(r.verdict.rule).inc()
-        elif r.verdict.action == "warn" and w.event == "created":
+        if w.event is not None and w.event != "queued":  # sent with the patch
+            self.observe_event(r)
+
+    def observe_event(self, r: NotebookResult) -> None:
+        """A result's Event, once sent (after the pass's patches: kf_culler/kube/event_tail.py)."""
+        w = r.write
+        if w is None or w.event != "created":
+            return
+        self.api_writes.labels("event").inc()
+        if r.verdict.action == "warn":
             self.warnings.labels(r.verdict.rule).inc()
 
     def observe_cycle(self, result: CycleResult) -> None:

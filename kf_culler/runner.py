@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("kf_culler")
 
 
+# How long a culler asked to exit waits for its last pass's Events (the pod's grace period is 30 s by default).
+EVENTS_GRACE_SECONDS = 20.0
+
+
 def gpu_window_minutes(settings: Settings) -> float:
     """How far back GPU evidence must reach: the longest idle limit any policy can apply, plus a margin.
 
@@ -102,6 +106,7 @@ class Runner:
     stop: threading.Event = field(default_factory=threading.Event)
     on_cycle: Callable[[CycleResult], None] | None = None
     on_result: Callable[[NotebookResult], None] | None = None
+    on_event: Callable[[NotebookResult], None] | None = None  # a result whose Event was sent (after the pass)
     may_write: Callable[[], bool] = lambda: True
     owns: Callable[[str], bool] | None = None  # with shards: this replica holds the namespace's shard now
     on_observed: Observer | None = None
@@ -129,6 +134,8 @@ class Runner:
     # Whether passes go through the brakes: `run` (whose passes follow one another); `check` and `explain`
     # show the verdicts before them (a one-off pass remembers nothing to compare with).
     brakes: bool = True
+    _events: CycleResult | None = None  # the last pass, while its Events may still be going out
+    _unsent: tuple[NotebookResult, ...] = ()  # results whose Event could not be sent yet (the API server down)
 
     def policy_of(self, notebook: dict[str, Any]) -> Policy:
         """The policy the culler gives a notebook outside a pass (long-stopped counts, GPU-hour accounting):
@@ -170,7 +177,8 @@ class Runner:
             access_problem=self.policies.access_problem if self.policies is not None and self.policies.enabled
             else None,
             brakes=self.settings.operations.brakes.limits if self.brakes else None,
-            brake_state=self.brake_state, released_at=released,
+            brake_state=self.brake_state, released_at=released, events_in_background=True, on_event=self.on_event,
+            resend=self._unsent,
             tracer=self.tracer or trace.get_tracer("kf_culler"))
 
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:
@@ -198,11 +206,18 @@ class Runner:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def once(self) -> CycleResult:
+    def once(self, wait_events: bool = True) -> CycleResult:
+        """One pass. Its Events go out after its patches (kf_culler/kube/event_tail.py): `wait_events` waits for
+        them before returning; otherwise the next pass does, before it starts (`loop`: they go out during the
+        wait for the next period)."""
         cache = self.cache or self.start_cache()
+        self.wait_events()
         cycle = self.build_cycle(on_written=cache.record_notebook)
         snapshot = cache.snapshot()
         result = cycle.run(snapshot)
+        self._events = result
+        if wait_events:
+            self.wait_events()
         self._keep_brakes(result)
         self._keep_records(snapshot)
         self._report_orphans(snapshot, result.now)
@@ -216,6 +231,15 @@ class Runner:
             self.on_cycle(result)
         settle_memory()  # kf_culler/memory.py
         return result
+
+    def wait_events(self, timeout: float | None = None) -> bool:
+        """Wait for the last pass's Events (True: all sent or tried)."""
+        last = self._events
+        if last is None or not last.wait_events(timeout):
+            return last is None
+        self._events = None
+        self._unsent = tuple(last.events.unsent) if last.events is not None else ()
+        return True
 
     def _keep_brakes(self, result: CycleResult) -> None:
         """Remember what the brakes saw for the next pass, and say loudly when they hold stops."""
@@ -306,11 +330,13 @@ class Runner:
             while not self.stop.is_set():
                 t0 = time.monotonic()
                 if cache.synced:
-                    self.once()
+                    self.once(wait_events=False)
                 if max_cycles is not None and self.cycles >= max_cycles:
                     break
                 self.stop.wait(max(0.0, period - (time.monotonic() - t0)))
         finally:
+            if not self.wait_events(EVENTS_GRACE_SECONDS):  # within the pod's termination grace period
+                log.warning("exiting with Events of the last pass not sent after %.0f s", EVENTS_GRACE_SECONDS)
             cache.close()
 
     def install_signal_handlers(self) -> None:

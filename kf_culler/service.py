@@ -100,6 +100,7 @@ def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None =
                store: VerdictStore | None = None) -> None:
     """`observers` for a Runner built already (`check`, tests)."""
     runner.on_result, runner.on_cycle = observers(lambda: runner, metrics, elector, store)
+    runner.on_event = metrics.observe_event
 
 
 def _always() -> bool:
@@ -179,7 +180,8 @@ def serve(settings: Settings, api: Any, opts: Options) -> int:
     built: list[Runner] = []
     on_result, on_cycle = observers(lambda: built[0], metrics, elector, store)
     runner = Runner(settings, api, dry_run=opts.dry_run, records_namespace=opts.records_namespace,
-                    on_result=on_result, on_cycle=on_cycle, on_observed=recorder.record if recorder else None,
+                    on_result=on_result, on_cycle=on_cycle, on_event=metrics.observe_event,
+                    on_observed=recorder.record if recorder else None,
                     owns=owns, may_write=may_write, notifier=notifier)
     built.append(runner)
     runner.install_signal_handlers()

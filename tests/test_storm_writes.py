@@ -222,3 +222,73 @@ def test_a_stop_whose_patch_fails_gets_its_record_back(api: Any, namespace: str)
         uid = obj.get_notebook(api, namespace, name)["metadata"]["uid"]
         cm = client.CoreV1Api(api).read_namespaced_config_map(bucket_of(uid), namespace)
         assert "stoppedAt" in json.loads(cm.data[uid])
+
+
+@pytest.mark.cluster
+def test_a_storm_writes_every_stop_before_the_first_event(api: Any, namespace: str) -> None:
+    """The Events of a pass go out after all its patches (kf_culler/kube/event_tail.py): the last of 40 stops
+    does not wait for 39 Events. Each stop still gets its one Event, and the pass's result says so."""
+    names = [f"nb{i:02d}-ok" for i in range(40)]
+    order: list[str] = []
+    lock = threading.Lock()
+    original = api.call_api
+
+    def ordering(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        answer = original(method, url, *args, **kwargs)
+        what = "patch" if method == "PATCH" and "/notebooks/" in url else \
+            "event" if method == "POST" and url.endswith("/events") else None
+        if what is not None:
+            with lock:
+                order.append(what)
+        return answer
+
+    with FaultyServer(idle_since=datetime.now(UTC) - timedelta(hours=1)) as faulty:
+        settings = storm_of(api, namespace, names, faulty)
+        api.call_api = ordering
+        try:
+            with Runner(settings, api, records_namespace=namespace) as runner:
+                result = runner.once()
+        finally:
+            api.call_api = original
+    assert order.count("patch") == len(names) and order.count("event") == len(names), order
+    assert order.index("event") == len(names)  # every patch, then every Event
+    assert all(r.write is not None and r.write.event == "created" for r in result.results)
+    assert "events" not in result.phases  # the Runner's passes leave their Events to the tail
+    events = client.CoreV1Api(api).list_namespaced_event(namespace).items
+    assert sorted(e.involved_object.name for e in events if e.reason == "IdleNotebookStopped") == names
+
+
+@pytest.mark.cluster
+def test_an_event_that_could_not_be_sent_is_sent_by_the_next_pass(api: Any, namespace: str) -> None:
+    """The API server answers 503 to the Event of one stop (its patch landed): the next pass sends it again, once;
+    an Event refused for good (403) is not sent again."""
+    names = ["nb00-ok", "nb01-ok", "nb02-ok"]
+    original = api.call_api
+    refuse = {"nb00-ok": 503, "nb01-ok": 403}
+
+    def refusing(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "POST" and url.endswith("/events"):
+            body = kwargs["body"] if "body" in kwargs else args[1]
+            status = refuse.get(str(body["involvedObject"]["name"]))
+            if status is not None:
+                raise ApiException(status=status, reason="refused by the test")
+        return original(method, url, *args, **kwargs)
+
+    with FaultyServer(idle_since=datetime.now(UTC) - timedelta(hours=1)) as faulty:
+        settings = storm_of(api, namespace, names, faulty)
+        api.call_api = refusing
+        try:
+            with Runner(settings, api, records_namespace=namespace) as runner:
+                first = runner.once()
+                events = {r.name: r.write.event if r.write else None for r in first.results}
+                assert events == {"nb00-ok": "failed: HTTP 503", "nb01-ok": "failed: HTTP 403",
+                                  "nb02-ok": "created"}, events
+                refuse.clear()  # the API server takes Events again
+                second = runner.once()
+        finally:
+            api.call_api = original
+    assert all(r.verdict.action == "keep" for r in second.results)  # stopped stays stopped: nothing new
+    stopped = [e.involved_object.name for e in client.CoreV1Api(api).list_namespaced_event(namespace).items
+               if e.reason == "IdleNotebookStopped"]
+    assert sorted(stopped) == ["nb00-ok", "nb02-ok"]  # the 503 sent again once; the 403 not
+    assert first.results[0].write is not None and first.results[0].write.event == "created"

@@ -45,6 +45,9 @@ class WriteResult:
     notebook: dict[str, Any] | None = None
     plan: Plan | None = None
     error: str | None = None
+    # An Event left for later (`apply(..., defer_event=True)`): what it is about and what it says; sent by
+    # `send_event`, which sets `event`.
+    pending: tuple[dict[str, Any], EventSpec, datetime] | None = None
 
 
 class Writer:
@@ -60,8 +63,9 @@ class Writer:
         self._count = threading.Lock()  # apply() runs in several threads at once
 
     def apply(self, notebook: dict[str, Any], first: Plan, replan: Callable[[dict[str, Any]], Plan],
-              now: datetime, may_write: Callable[[], bool] = lambda: True) -> WriteResult:
-        """Patch `notebook` with `first`; on 409 re-read it, re-plan, and try again."""
+              now: datetime, may_write: Callable[[], bool] = lambda: True, defer_event: bool = False) -> WriteResult:
+        """Patch `notebook` with `first`; on 409 re-read it, re-plan, and try again. The plan's Event goes out
+        after the patch; with `defer_event`, it is left in `pending` (`event` "queued") for `send_event`."""
         from kubernetes.client.rest import ApiException
 
         meta = notebook.get("metadata") or {}
@@ -124,8 +128,21 @@ class Writer:
                 return result
             current = last
         if result.plan is not None and result.plan.event is not None and result.outcome in ("patched", "unchanged"):
-            result.event = self.event(current, result.plan.event, now)
+            if defer_event:
+                result.pending, result.event = (_about(current), result.plan.event, now), "queued"
+            else:
+                result.event = self.event(current, result.plan.event, now)
         return result
+
+    def send_event(self, result: WriteResult) -> None:
+        """Send the Event `apply` left in `result.pending`, and say in `result.event` how it went. One that
+        failed for a reason that may pass (the API server unreachable, 5xx, 429 after the backoff) stays
+        pending, for the next pass to send again; one the API server refused (4xx) does not."""
+        if result.pending is not None:
+            about, spec, now = result.pending
+            result.event = self.event(about, spec, now)
+            if not _may_pass(result.event):
+                result.pending = None
 
     def _guarded(self, kind: str, ns: str, name: str, replan: Callable[[dict[str, Any]], Plan],
                  may_write: Callable[[], bool], result: WriteResult) -> dict[str, Any] | None:
@@ -202,8 +219,15 @@ class Writer:
             "reportingComponent": self.component, "reportingInstance": self.instance[:128],
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "action": spec.reason,
         }
+
+        def create() -> None:  # the answer is not decoded: made into a V1Event, it cost the pass CPU for nothing
+            resp = self.core.create_namespaced_event(ns, body, _request_timeout=REQUEST_TIMEOUT,
+                                                     _preload_content=False)
+            resp.drain_conn()  # read to its end, so that the connection goes back to the pool
+            resp.release_conn()
+
         try:
-            with_backoff(lambda: self.core.create_namespaced_event(ns, body, _request_timeout=REQUEST_TIMEOUT))
+            with_backoff(create)
             with self._count:
                 self.events += 1
             return "created"
@@ -217,6 +241,21 @@ class Writer:
 
 # The annotations a verdict reads (docs/decisions.md); the guarded patch tests each one present.
 DECISION_ANNOTATIONS = (STOP_ANNOTATION, EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION)
+
+
+def _may_pass(outcome: str) -> bool:
+    """Whether an Event's failure (`Writer.event`'s answer) may pass if it is sent again later."""
+    if not outcome.startswith("failed: "):
+        return False
+    code = outcome.removeprefix("failed: HTTP ")
+    return code == outcome or not code.isdigit() or int(code) >= 500 or int(code) == 429
+
+
+def _about(obj: dict[str, Any]) -> dict[str, Any]:
+    """What an Event names of the object it is about (kept until the Event is sent; not the whole object)."""
+    meta = obj.get("metadata") or {}
+    kept = ("name", "namespace", "uid", "resourceVersion")
+    return {"kind": obj.get("kind"), "metadata": {k: meta.get(k) for k in kept}}
 
 
 def _pointer(key: str) -> str:
