@@ -365,12 +365,15 @@ def run_child(params_path: str) -> int:
         if r.write is not None:
             if r.write.outcome == "patched":
                 per_class[f"patches:{cls}"] += r.write.attempts
-            if r.write.event == "created":
-                per_class[f"events:{cls}"] += 1
             if m is not None and m.crossing and r.verdict.action == "stop" and r.write.outcome == "patched":
                 stops[r.name] = time.time()
 
-    runner = Runner(settings, api, on_result=on_result)
+    def on_event(r: NotebookResult) -> None:  # after the pass's patches (kf_culler/kube/event_tail.py)
+        if r.write is not None and r.write.event == "created":
+            m = lookup(spec, r.namespace, r.name)
+            per_class[f"events:{m.cls if m else 'other'}"] += 1
+
+    runner = Runner(settings, api, on_result=on_result, on_event=on_event)
     replicas, index = int(params.get("replicas", 1)), int(params.get("index", 0))
     shards_held: list[int] = []
     manager: Any = None
@@ -399,9 +402,12 @@ def run_child(params_path: str) -> int:
 
     def measured(label: str) -> dict[str, Any]:
         api0, cls0, cpu0, w0 = counting.snapshot(), Counter(per_class), time.process_time(), time.monotonic()
-        result = runner.once()
+        result = runner.once(wait_events=False)  # as `run` does: the Events go out while it waits for the next pass
+        wall = time.monotonic() - w0
+        result.wait_events()
         out: dict[str, Any] = {
-            "label": label, "wallSeconds": time.monotonic() - w0, "cycleSeconds": result.seconds,
+            "label": label, "wallSeconds": wall, "cycleSeconds": result.seconds,
+            "eventsSeconds": result.events.seconds if result.events is not None else 0.0,
             "cpuSeconds": time.process_time() - cpu0, "api": diff(counting.snapshot(), api0),
             "classes": diff(per_class, cls0), "prometheusQueries": result.bulk_queries,
             "probes": sum(len(r.calls) for r in result.results),
@@ -415,7 +421,8 @@ def run_child(params_path: str) -> int:
         log(f"{label}: {out['wallSeconds']:.2f} s wall, {out['cpuSeconds']:.2f} s CPU, "
             f"{out['apiRequests']} API requests ({out['apiWrites']} writes), {out['probes']} probes, "
             f"{out['prometheusQueries']} Prometheus queries, RSS {out['rssMiB']:.0f} MiB, load {out['load']}; "
-            + ", ".join(f"{k} {v:.1f} s" for k, v in result.phases.items()))
+            + ", ".join(f"{k} {v:.1f} s" for k, v in result.phases.items())
+            + f"; its Events {out['eventsSeconds']:.1f} s after it")
         return out
 
     cycles: list[dict[str, Any]] = []
