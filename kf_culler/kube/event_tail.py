@@ -14,27 +14,36 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from kf_culler.cycle import NotebookResult
-    from kf_culler.kube.writer import Writer
+from kf_culler.kube.writer import Writer, WriteResult
 
 log = logging.getLogger(__name__)
+
+
+class _Written(Protocol):
+    """What the tail reads of a pass's result (kf_culler/cycle.py `NotebookResult`)."""
+
+    namespace: str
+    name: str
+    write: WriteResult | None
+
+
+R = TypeVar("R", bound=_Written)
 
 
 # At most this many Events wait for a later pass after failing (the oldest are given up, with a log line).
 MAX_UNSENT = 10_000
 
 
-class EventTail:
+class EventTail(Generic[R]):
     """Sends the pending Events of a pass's results, and first those of earlier passes that could not be sent
     (`resend`); `wait` until they are all sent (or tried). Those that failed for a reason that may pass (the API
     server down) are `unsent` then, for the next pass."""
 
-    def __init__(self, writer: Writer, results: Sequence[NotebookResult], workers: int,
-                 on_event: Callable[[NotebookResult], None] | None = None,
-                 resend: Sequence[NotebookResult] = ()) -> None:
+    def __init__(self, writer: Writer, results: Sequence[R], workers: int,
+                 on_event: Callable[[R], None] | None = None,
+                 resend: Sequence[R] = ()) -> None:
         self.pending = [r for r in (*resend, *results) if r.write is not None and r.write.pending is not None]
         if len(self.pending) > MAX_UNSENT:
             log.warning("giving up %d Events that could not be sent", len(self.pending) - MAX_UNSENT)
@@ -48,7 +57,7 @@ class EventTail:
             return
         threading.Thread(target=self._send_all, name="events", daemon=True).start()
 
-    def _send_one(self, r: NotebookResult) -> None:
+    def _send_one(self, r: R) -> None:
         try:
             if r.write is not None:
                 self._writer.send_event(r.write)
@@ -79,6 +88,6 @@ class EventTail:
         return self._done.is_set()
 
     @property
-    def unsent(self) -> list[NotebookResult]:
+    def unsent(self) -> list[R]:
         """Once done: the results whose Event failed for a reason that may pass, to be sent again."""
         return [r for r in self.pending if r.write is not None and r.write.pending is not None] if self.done else []
