@@ -98,7 +98,7 @@ class CycleResult:
     phases: dict[str, float] = field(default_factory=dict)  # seconds: select, gather, apply (events, when waited)
     brakes: Outcome | None = None  # what the brakes did in this pass (kf_culler/brakes.py); None: no brakes
     # The pass's Events, sent after its patches (kf_culler/kube/event_tail.py); None: it wrote none.
-    events: EventTail | None = None
+    events: EventTail[NotebookResult] | None = None
 
     def wait_events(self, timeout: float | None = None) -> bool:
         """Wait until the pass's Events are sent (each result's `write.event` then says how it went)."""
