@@ -129,7 +129,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return runner
     try:
         assert runner.cache is not None
-        items = [(nb, pod) for nb, pod in runner.cache.snapshot() if session_key(nb) == (ns, name)]
+        items = [(nb, pod) for nb, pod in runner.cache.snapshot() + runner.coder_items()
+                 if session_key(nb) == (ns, name)]
         if not items:
             print(f"kf-culler explain: notebook {ns}/{name} not found", file=sys.stderr)
             return 1

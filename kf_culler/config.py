@@ -18,7 +18,7 @@ from kf_culler.brakes import BrakeLimits, limits_problem
 from kf_culler.errors import ConfigError as ConfigError
 
 TEN_YEARS_MIN = 10 * 366 * 24 * 60
-ServerType = Literal["jupyter", "group-one", "group-two"]
+ServerType = Literal["jupyter", "group-one", "group-two", "coder"]
 # What a GPU notebook's missing GPU metrics mean when no GPU source is configured (docs/configuration.md).
 GpuWithoutMetrics = Literal["keep", "ide-only"]
 # The label GPU feature discovery puts on GPU nodes; a notebook names its model in its pod template's
@@ -96,6 +96,37 @@ class Policy(_Model):
         return None
 
 
+class AuthProxySettings(_Model):
+    """Probing each workbench through its kube-rbac-proxy sidecar (Open Data Hub / OpenShift AI): the Jupyter and
+    code-server probes of Notebooks go to the `urls.jupyter` and `urls.codeServer` templates, which must then be
+    https://, with `Authorization: Bearer <a prober token>`; no other URL ever gets the token. The token is of a
+    ServiceAccount that may only `get` notebooks in the namespace it is sent to (what the proxy's
+    SubjectAccessReview checks), never the culler's own: the proxy runs in a pod its user controls.
+    docs/install.md, "OpenShift AI and Open Data Hub"; kf_culler/kube/prober.py."""
+
+    enabled: bool = False
+    # Where the tokens come from, exactly one: per probed namespace N, a TokenRequest for the ServiceAccount
+    # `<serviceAccount>-<10 hex of sha256(N)>` in the culler's own namespace, bound in N (RoleBinding
+    # `<serviceAccount>`) to `clusterRole`, all made by the culler; or a file re-read whenever it changes (one
+    # identity: only when exactly one namespace is probed, see Operations).
+    service_account: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")] | None = (
+        Field(default=None, alias="serviceAccount"))
+    cluster_role: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.:]{0,251}[a-z0-9])?$")] = Field(
+        default="kf-culler-prober", alias="clusterRole")
+    expiration_seconds: int = Field(default=600, alias="expirationSeconds", ge=600, le=86400)
+    token_file: str | None = Field(default=None, alias="tokenFile", min_length=1)
+    # The CA bundle the proxies' serving certificates are verified against (OpenShift's service CA); None: the
+    # system's trust store.
+    ca_file: str | None = Field(default=None, alias="caFile", min_length=1)
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> AuthProxySettings:
+        if self.enabled and (self.service_account is None) == (self.token_file is None):
+            raise ValueError("probe.authProxy.enabled needs exactly one of probe.authProxy.serviceAccount and "
+                             "probe.authProxy.tokenFile")
+        return self
+
+
 class ProbeSettings(_Model):
     connect_timeout_seconds: float = Field(default=2.0, alias="connectTimeoutSeconds", gt=0, le=60)
     timeout_seconds: float = Field(default=5.0, alias="timeoutSeconds", gt=0, le=300)
@@ -107,6 +138,7 @@ class ProbeSettings(_Model):
     max_json_depth: int = Field(default=20, alias="maxJsonDepth", ge=2, le=100)
     max_json_values: int = Field(default=50_000, alias="maxJsonValues", ge=100, le=10_000_000)
     max_list_items: int = Field(default=1_000, alias="maxListItems", ge=10, le=1_000_000)
+    auth_proxy: AuthProxySettings = Field(default_factory=AuthProxySettings, alias="authProxy")
 
 
 class Urls(_Model):
@@ -415,6 +447,25 @@ class WorkloadSettings(_Model):
         return self
 
 
+class CoderSettings(_Model):
+    """Coder workspaces as sessions (`targets: [coder]`, docs/targets.md, "Coder workspaces"): Coder's API, the
+    token the culler stops with (a file: a mounted Secret, never the ConfigMap) and the one Kubernetes namespace
+    Coder's templates deploy workspaces into, which Coder's users have no rights in."""
+
+    url: str = Field(min_length=1, max_length=2000)  # Coder's access URL, e.g. http://coder.coder.svc
+    token_file: str = Field(alias="tokenFile", min_length=1)  # an Owner's API token (`coder tokens create`)
+    namespace: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+    page_size: int = Field(default=100, alias="pageSize", ge=1, le=1000)  # workspaces per list request
+    timeout_seconds: float = Field(default=15, alias="timeoutSeconds", gt=0, le=300)  # per request
+    max_workspaces: int = Field(default=20_000, alias="maxWorkspaces", ge=1, le=1_000_000)  # listed per pass
+
+    @model_validator(mode="after")
+    def _http_url(self) -> CoderSettings:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError("coder.url must start with http:// or https://")
+        return self
+
+
 class Operations(_Model):
     """Settings that shape how the culler runs, not what it decides."""
 
@@ -443,15 +494,38 @@ class Operations(_Model):
     shards: int = Field(default=1, ge=1, le=256)
     # What the culler culls (kf_culler/targets.py, docs/targets.md): Kubeflow v1 Notebooks, Kubeflow
     # Notebooks 2.0 Workspaces, or both.
-    targets: tuple[Literal["notebooks", "workspaces", "workloads"], ...] = Field(
+    targets: tuple[Literal["notebooks", "workspaces", "workloads", "coder"], ...] = Field(
         default=("notebooks",), strict=False, min_length=1)
     workloads: WorkloadSettings | None = None  # required with `targets: [workloads]`
+    coder: CoderSettings | None = None  # required with `targets: [coder]`
 
     @model_validator(mode="after")
     def _workloads_chosen(self) -> Operations:
         if "workloads" in self.targets and self.workloads is None:
             raise ValueError("targets: workloads needs a `workloads:` section saying which ones (selector, "
                              "gpuWorkloads)")
+        if "coder" in self.targets and self.coder is None:
+            raise ValueError("targets: coder needs a `coder:` section (url, tokenFile, namespace)")
+        if "coder" in self.targets and self.coder is not None and self.namespaces.include \
+                and self.coder.namespace not in self.namespaces.include:
+            raise ValueError(f"coder.namespace {self.coder.namespace!r} is not in namespaces.include: its "
+                             "workspaces would never be culled")
+        return self
+
+    @model_validator(mode="after")
+    def _proxy_urls_are_https(self) -> Operations:
+        """The prober token never travels in clear text: with probe.authProxy on, the templates it goes to are
+        https://."""
+        if self.probe.auth_proxy.enabled:
+            for key, template in (("jupyter", self.urls.jupyter), ("codeServer", self.urls.code_server)):
+                if not template.startswith("https://"):
+                    raise ValueError(f"urls.{key}: probe.authProxy sends a token to this template, which must "
+                                     f"start with https:// (the workbench's kube-rbac-proxy), not {template[:80]!r}")
+            # One file is one identity: sent to several namespaces, a token captured in one would open the others.
+            if self.probe.auth_proxy.token_file is not None and len(set(self.namespaces.include)) != 1:
+                raise ValueError("probe.authProxy.tokenFile is one token for every namespace probed: it needs "
+                                 "namespaces.include to name exactly one namespace (use probe.authProxy.serviceAccount "
+                                 "for one prober per namespace)")
         return self
 
 
@@ -565,6 +639,7 @@ def _refuse_inline_secrets(raw: object, source: str) -> None:
 # echoed wherever the URL is (errors, logs, `explain`), so `user:pass@` is refused in all of them.
 _URL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("prometheus", "url", "prometheus.bearerTokenFile (a mounted Secret)"),
+    ("coder", "url", "coder.tokenFile (a mounted Secret)"),
     ("urls", "jupyter", "a Secret file"), ("urls", "codeServer", "a Secret file"),
     ("dcgm", "endpoints", "a Secret file"), ("notifications", "dashboardUrl", "a Secret file"),
 )

@@ -18,10 +18,12 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes
+from kf_culler.coder_sessions import observation_of
 from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
-from kf_culler.gather import DNS_LABEL, Gathered, Request, gather, template_for, url_for
+from kf_culler.gather import DNS_LABEL, Gathered, Request, gather, proxied_namespaces, template_for, url_for
 from kf_culler.kube.event_tail import EventTail
+from kf_culler.kube.prober import ProxyAuth
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer, WriteResult
 from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, WARNED_AT_ANNOTATION, InputError, Verdict
@@ -31,7 +33,7 @@ from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
-from kf_culler.targets import NOTEBOOKS, WORKSPACES, session_key, target_of
+from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, session_key, target_of
 
 if TYPE_CHECKING:
     from kf_culler.notify.notifier import Notifier
@@ -170,6 +172,10 @@ class Cycle:
     # A Workspace's IDE endpoint, (Service, port, path), or why it cannot be reached safely
     # (kf_culler/kube/cache.py `workspace_endpoint`); None: Workspaces are not probed.
     endpoint: Callable[[dict[str, Any]], tuple[str, int, str] | str] | None = None
+    # This pass's prober tokens and TLS context for workbenches behind kube-rbac-proxy (probe.authProxy,
+    # kf_culler/kube/prober.py), for the namespaces given, by namespace; None: those probes report that there is
+    # none and send nothing.
+    probe_auth: Callable[[set[str]], dict[str, ProxyAuth]] | None = None
     # The pass's Events go out after all its patches (kf_culler/kube/event_tail.py). False: `run` waits for
     # them before it returns; True: it returns with them still going (`CycleResult.wait_events`).
     events_in_background: bool = False
@@ -231,6 +237,7 @@ class Cycle:
             selections: dict[tuple[str, str], Selected] = {}
             requests: list[Request] = []
             untrusted: dict[tuple[str, str], tuple[str, str]] = {}  # not probed: (source, why)
+            carried: dict[tuple[str, str], tuple[str, Any]] = {}  # not probed, read with the session: (source, raw)
             for nb, pod in items:
                 if not self.in_scope(nb):
                     continue
@@ -254,9 +261,13 @@ class Cycle:
                     continue
                 pod_name = ((pod or {}).get("metadata") or {}).get("name")
                 source = SERVER_SOURCES.get(view.server_type)
-                url, tampered = self._session_url(nb, view) if view.kind == WORKSPACES.kind else (
-                    self._workload_url(nb, view, source) if view.kind != NOTEBOOKS.kind else (
-                        None, self._tampered(nb, source)))
+                if view.kind == CODER.kind:  # its IDE signal came with Coder's list: set after the gather
+                    carried[key] = (str(source), observation_of(nb))
+                    source, url, tampered = None, None, None  # never probed; the GPU is still asked
+                else:
+                    url, tampered = self._session_url(nb, view) if view.kind == WORKSPACES.kind else (
+                        self._workload_url(nb, view, source) if view.kind != NOTEBOOKS.kind else (
+                            None, self._tampered(nb, source)))
                 if tampered is not None and source is not None:
                     untrusted[key] = (str(source), tampered)
                     source = None  # no IDE probe; the GPU is still asked
@@ -264,13 +275,17 @@ class Cycle:
             span.set_attribute("kf_culler.notebooks", len(chosen))
             t_gather = time.monotonic()
             with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
+                wanted = proxied_namespaces(requests, self.settings.operations) if self.probe_auth else set()
+                auth = self.probe_auth(wanted) if wanted and self.probe_auth is not None else None
                 gathered = run_async(gather(requests, self.settings.operations, started, self.gpu,
-                                            self.rstudio, self.slow)) if requests else Gathered()
+                                            self.rstudio, self.slow, auth)) if requests else Gathered()
                 self.slow.clear()
                 self.slow.update(gathered.slow)
                 for key, (source, why) in untrusted.items():
                     gathered.observations.setdefault(key, {})[source] = {
                         "error": f"not probed: {why}, so its answer could come from another host"}
+                for key, (source, raw) in carried.items():
+                    gathered.observations.setdefault(key, {})[source] = raw
                 gspan.set_attribute("kf_culler.probed", len(requests))
                 gspan.set_attribute("kf_culler.bulk_queries", gathered.bulk_queries)
             t_apply = time.monotonic()

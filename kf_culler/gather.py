@@ -2,19 +2,25 @@
 
 Probe URLs are built only from the notebook's namespace and name and the admin's URL templates;
 no annotation or other user-editable field ever reaches a URL.
+
+With `probe.authProxy` on, the probes built from the `urls.jupyter` and `urls.codeServer` templates (a
+Notebook's, never a Workspace's or a workload's, whose URL comes from their own templates) go through a
+fetcher of their namespace's that adds that namespace's prober token (kf_culler/kube/prober.py): the token of a
+request's namespace, chosen by the request's namespace, and no other; no other fetcher ever holds one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable, Sequence, Set
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from kf_culler.config import Operations
 from kf_culler.ide import IDE_KINDS
+from kf_culler.kube.prober import ProxyAuth
 from kf_culler.sources import codeserver, jupyter
 from kf_culler.sources.bulk import Answers, BulkSource
 from kf_culler.sources.http import Call, Fetcher
@@ -73,7 +79,24 @@ def template_for(ops: Operations, source: str | None) -> str | None:
     return ops.urls.template_for(kind.url_key) if kind is not None else None
 
 
-async def _probe_one(fetcher: Fetcher, ops: Operations, req: Request) -> tuple[dict[str, Any] | None, list[Call]]:
+# By namespace, the fetcher for that namespace's kube-rbac-proxy URLs (probe.authProxy, holding its prober token),
+# or why there is none this pass.
+Proxied = Mapping[str, Fetcher | str] | None
+
+
+def through_proxy(req: Request, ops: Operations) -> bool:
+    """Whether req's probes go through the workbench's kube-rbac-proxy with its namespace's prober token."""
+    return ops.probe.auth_proxy.enabled and req.url is None and template_for(ops, req.source) is not None \
+        and req.source in PROBES and DNS_LABEL.match(req.namespace) is not None
+
+
+def proxied_namespaces(requests: Sequence[Request], ops: Operations) -> set[str]:
+    """The namespaces this pass needs a prober token for."""
+    return {r.namespace for r in requests if through_proxy(r, ops)}
+
+
+async def _probe_one(fetcher: Fetcher, ops: Operations, req: Request,
+                     proxied: Proxied = None) -> tuple[dict[str, Any] | None, list[Call]]:
     template = template_for(ops, req.source)
     probe = PROBES.get(req.source or "")
     if template is None or probe is None:
@@ -81,13 +104,19 @@ async def _probe_one(fetcher: Fetcher, ops: Operations, req: Request) -> tuple[d
     url = req.url or url_for(template, req.namespace, req.name, ops.cluster_domain)
     if url is None:
         return {"error": "the notebook's name or namespace is not a DNS label; not probed"}, []
+    if req.url is None and ops.probe.auth_proxy.enabled:  # the admin's template: the workbench's proxy
+        own = proxied.get(req.namespace) if proxied is not None else None  # this namespace's token, no other
+        if not isinstance(own, Fetcher):
+            return {"error": f"probe.authProxy: {own or 'no prober token'}; not probed"}, []
+        fetcher = own
     return await probe(fetcher, url)
 
 
 ProbeResult = tuple[dict[str, Any] | None, list[Call]]
 
 
-async def _probe_all(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request]) -> list[ProbeResult]:
+async def _probe_all(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request],
+                     proxied: Proxied = None) -> list[ProbeResult]:
     """Probe every request, `ops.concurrency` at a time, answers in the order asked.
 
     A fixed set of workers takes the next notebook when it is done with one: 10,000 notebooks cost
@@ -98,32 +127,43 @@ async def _probe_all(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request])
 
     async def worker() -> None:
         for i, req in todo:  # shared iterator: each notebook goes to exactly one worker
-            results[i] = await _probe_one(fetcher, ops, req)
+            results[i] = await _probe_one(fetcher, ops, req, proxied)
 
     await asyncio.gather(*(worker() for _ in range(min(ops.concurrency, len(reqs)))))
     return results
 
 
 async def _probe_split(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request],
-                       slow: Set[Key]) -> list[ProbeResult]:
+                       slow: Set[Key], proxied: Proxied = None) -> list[ProbeResult]:
     """`_probe_all`, with the notebooks that were slow last pass in a second set of workers of their own
     (at most `concurrency`): a hanging endpoint holds its worker for the whole probe budget, and 500
     of them would otherwise hold nearly every worker while the answering notebooks wait."""
     slow_reqs, others = split_slow(reqs, slow)
     if not slow_reqs:
-        return await _probe_all(fetcher, ops, reqs)
-    got_slow, got_others = await asyncio.gather(_probe_all(fetcher, ops, slow_reqs),
-                                                _probe_all(fetcher, ops, others))
+        return await _probe_all(fetcher, ops, reqs, proxied)
+    got_slow, got_others = await asyncio.gather(_probe_all(fetcher, ops, slow_reqs, proxied),
+                                                _probe_all(fetcher, ops, others, proxied))
     by_key = {(r.namespace, r.name): res for r, res in zip(slow_reqs + others, got_slow + got_others, strict=True)}
     return [by_key[(r.namespace, r.name)] for r in reqs]
 
 
 async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
                  gpu: BulkSource | None = None, rstudio: BulkSource | None = None,
-                 slow: Set[Key] = frozenset()) -> Gathered:
-    """Observations of every request; `slow`: the notebooks slow to answer last pass (`_probe_split`)."""
+                 slow: Set[Key] = frozenset(), auth: Mapping[str, ProxyAuth] | None = None) -> Gathered:
+    """Observations of every request; `slow`: the notebooks slow to answer last pass (`_probe_split`); `auth`: by
+    namespace, this pass's prober token and TLS context when `probe.authProxy` is on (a namespace without one:
+    its probes report why not)."""
     out = Gathered()
     fetcher = Fetcher.open(ops.probe, ops.concurrency)
+    by_namespace: dict[str, Fetcher | str] = {}
+    if ops.probe.auth_proxy.enabled:
+        for ns in proxied_namespaces(requests, ops):
+            got = (auth or {}).get(ns)
+            if got is not None and got.header is not None and got.error is None:
+                by_namespace[ns] = fetcher.sibling(got.header, got.tls)
+            else:
+                by_namespace[ns] = (got.error if got is not None else None) or "no prober token"
+    proxied: Proxied = by_namespace
     try:
         http_reqs = [r for r in requests if r.source in PROBES]
         wanted: list[tuple[str, BulkSource | None, list[Request]]] = [
@@ -134,7 +174,7 @@ async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
         bulk_calls = [asyncio.to_thread(_bulk, src, [(r.namespace, r.pod or "") for r in reqs], now)
                       for _, src, reqs in bulk_reqs]
         probe_results, bulk_results = await asyncio.gather(
-            _probe_split(fetcher, ops, http_reqs, slow),
+            _probe_split(fetcher, ops, http_reqs, slow, proxied),
             asyncio.gather(*bulk_calls),
         )
         for r, (answer, calls) in zip(http_reqs, probe_results, strict=True):
@@ -149,7 +189,7 @@ async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
                 out.observations.setdefault((r.namespace, r.name), {})[name] = answers.get(
                     (r.namespace, r.pod or ""), {"error": f"no {name} answer for pod {r.pod}"})
     finally:
-        await fetcher.close()
+        await fetcher.close()  # its siblings' connections too
     return out
 
 

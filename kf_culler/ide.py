@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kf_culler.readings import IdeReading, parse_code_server, parse_jupyter, parse_rstudio
+from kf_culler.readings import IdeReading, parse_code_server, parse_coder, parse_jupyter, parse_rstudio
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,10 @@ class IdeKind:
     url_key: str | None  # the `urls` config key of its probe URL template; None: not probed by URL
     connection_is_only_signal: bool = False  # when connected, the IDE says nothing else about idleness
 
+
+# A Coder workspace (docs/targets.md, "Coder workspaces") is its own IDE: its signal is what Coder's API says
+# of it (agents, `last_used_at`), listed once per pass with the workspaces; the Coder target has this name too.
+CODER_SERVER_TYPE = "coder"
 
 IDE_KINDS: tuple[IdeKind, ...] = (
     IdeKind("jupyter", "jupyter", "Jupyter", parse_jupyter,
@@ -44,10 +48,18 @@ IDE_KINDS: tuple[IdeKind, ...] = (
             busy_words="RStudio is running work",
             connected_words="A browser is connected",
             url_key=None),
+    IdeKind(CODER_SERVER_TYPE, CODER_SERVER_TYPE, "Coder", parse_coder,
+            idle_words="no connection to the Coder workspace",
+            busy_words="Coder reports work in the workspace",
+            connected_words="Coder reports a connection to the workspace",
+            url_key=None, connection_is_only_signal=True),
 )
 BY_SERVER_TYPE: dict[str, IdeKind] = {k.server_type: k for k in IDE_KINDS}
 DEFAULT_SERVER_TYPE = "jupyter"  # a notebook without the annotation (or a matching image rule), or an unknown one
 KNOWN_SERVER_TYPES: frozenset[str] = frozenset(BY_SERVER_TYPE)
+# What a Notebook, a Workspace or a workload can be: not Coder, whose signal only a Coder workspace has (its
+# server-type annotation written on anything else is an unknown value, read as Jupyter: rule 16).
+NOTEBOOK_SERVER_TYPES: frozenset[str] = KNOWN_SERVER_TYPES - {CODER_SERVER_TYPE}
 
 # Derived views, for code that wants one fact only.
 SERVER_SOURCES: dict[str, str] = {k.server_type: k.source for k in IDE_KINDS}

@@ -13,10 +13,10 @@ from datetime import datetime
 from typing import Any
 
 from kf_culler.config import GPU_MODEL_LABEL, Policy
-from kf_culler.ide import DEFAULT_SERVER_TYPE, KNOWN_SERVER_TYPES
+from kf_culler.ide import CODER_SERVER_TYPE, DEFAULT_SERVER_TYPE, NOTEBOOK_SERVER_TYPES
 from kf_culler.model import SERVER_TYPE_ANNOTATION, InputError
 from kf_culler.record import CullerRecord
-from kf_culler.targets import NOTEBOOKS, WORKSPACES, is_stopped, target_of
+from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, is_stopped, target_of
 from kf_culler.timeutil import parse_time
 
 MAX_GPUS = 1 << 20  # a sum of huge requests stays a finite count
@@ -184,16 +184,18 @@ def server_type(notebook: dict[str, Any], policy: Policy, pod: dict[str, Any] | 
     """The server type the culler treats the notebook as (rule 4): the annotation's known value, else the
     first container's image rule (a Workspace has no pod template of its own: its pod's), else Jupyter. An
     unknown annotation value is Jupyter, Kubeflow's default (rule 16): writing another value never turns the
-    probe off."""
+    probe off. A Coder workspace is always Coder, and nothing else can be (kf_culler/ide.py)."""
+    if target_of(notebook) is CODER:
+        return CODER_SERVER_TYPE
     value = declared_server_type(notebook)
     if value is not None:
-        return value if value in KNOWN_SERVER_TYPES else DEFAULT_SERVER_TYPE
+        return value if value in NOTEBOOK_SERVER_TYPES else DEFAULT_SERVER_TYPE
     first = pod_containers(pod) if target_of(notebook) is WORKSPACES else template_containers(notebook)
     for c in first[:1]:
         image = c.get("image")
         if isinstance(image, str):
             found = policy.server_type_for_image(image)
-            if found:
+            if found in NOTEBOOK_SERVER_TYPES:
                 return found
     return DEFAULT_SERVER_TYPE
 
@@ -319,7 +321,8 @@ class NotebookView:
             gpu_models=node_gpu_model(node) if node is not None else gpu_models(notebook),
             record=record,
             access_problem=access_problem,
-            unknown_server_type=declared if declared is not None and declared not in KNOWN_SERVER_TYPES else None,
+            unknown_server_type=declared if declared is not None and declared not in NOTEBOOK_SERVER_TYPES
+            and target_of(notebook) is not CODER else None,
             kind=target_of(notebook).kind,
             stopped=is_stopped(notebook),
         )

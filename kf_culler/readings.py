@@ -178,6 +178,38 @@ def parse_rstudio(raw: object) -> IdeReading:
     )
 
 
+CODER_BUILD_STATUSES = ("pending", "starting", "running", "stopping", "stopped", "failed", "canceling", "canceled",
+                        "deleting", "deleted")  # codersdk/workspacebuilds.go WorkspaceStatus
+
+
+def parse_coder(raw: object) -> IdeReading:
+    """`{"connected": bool, "lastUsedAt": RFC3339|null, "build": latest build status, "agents": str}`: what
+    Coder's `GET /api/v2/workspaces` says of one workspace (kf_culler/coder_sessions.py `coder_reading`).
+
+    Connected is never active (like code-server, `connection_is_only_signal`): Coder knows connections, not
+    work. `lastUsedAt` is the last moment Coder saw the workspace used (a connection, an app, `coder ssh`,
+    written in 60 s batches); like a last heartbeat it counts in the idle clock (rule 7), not as activity."""
+    err = _error_of(raw)
+    if err:
+        raise Unreadable(err)
+    obs = _obj(raw, "the Coder answer")
+    connected = obs.get("connected")
+    if not isinstance(connected, bool):
+        raise Unreadable("the Coder answer's connected is not a boolean")
+    if "lastUsedAt" not in obs:
+        raise Unreadable("the Coder answer has no lastUsedAt")
+    last = obs["lastUsedAt"]
+    last_used = None if last is None else _time(last, "Coder last_used_at")
+    build = obs.get("build")
+    if build not in CODER_BUILD_STATUSES:
+        raise Unreadable(f"the Coder build status is {str(build)[:40]!r}, not one Coder v2 reports")
+    return IdeReading(
+        activity=(), connected=connected, connected_at=last_used,
+        summary={"connected": connected, "lastUsedAt": last, "build": build,
+                 "agents": str(obs.get("agents", ""))[:200]},
+    )
+
+
 def parse_gpu(raw: object) -> tuple[GpuSample, ...]:
     """`{"samples": [{"time", "utilPercent", "memoryUsedMiB"}, ...]}`, sorted by time; never empty."""
     err = _error_of(raw)

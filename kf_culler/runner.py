@@ -15,19 +15,23 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 
 from kf_culler.brakes import BrakeState
+from kf_culler.coder_sessions import coder_items, unread
 from kf_culler.config import Policy, Settings
 from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, Observer, utcnow
 from kf_culler.kube.brakes import released_at
 from kf_culler.kube.cache import ClusterCache
+from kf_culler.kube.coder import CoderWriter
 from kf_culler.kube.istio import PolicyKeeper
 from kf_culler.kube.pairing import Orphan
+from kf_culler.kube.prober import ProberTokens
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer
 from kf_culler.memory import settle as settle_memory
 from kf_culler.plan import EVENT_CONTESTED, EVENT_ORPHAN, EventSpec
 from kf_culler.policy import policy_of, selects_workload
 from kf_culler.sources.bulk import BulkSource
-from kf_culler.targets import NOTEBOOKS, target_of
+from kf_culler.sources.coder import CoderClient, CoderError
+from kf_culler.targets import CODER, NOTEBOOKS, target_of
 from kf_culler.timeutil import format_time
 
 if TYPE_CHECKING:
@@ -134,8 +138,17 @@ class Runner:
     # Whether passes go through the brakes: `run` (whose passes follow one another); `check` and `explain`
     # show the verdicts before them (a one-off pass remembers nothing to compare with).
     brakes: bool = True
+    # `targets: [coder]`: Coder's API client, the last list it gave (kept for a pass it cannot be read in: those
+    # workspaces get no signal), and why the last list failed (None: it did not).
+    coder: CoderClient | None = None
+    coder_listed: list[dict[str, Any]] | None = None
+    coder_problem: str | None = None
+    _coder_user_checked: bool = False
     _events: CycleResult | None = None  # the last pass, while its Events may still be going out
     _unsent: tuple[NotebookResult, ...] = ()  # results whose Event could not be sent yet (the API server down)
+    # The prober tokens for workbenches behind kube-rbac-proxy (probe.authProxy), one prober per namespace; made on
+    # first use, its ServiceAccounts in `own_namespace()`, when not given.
+    prober: ProberTokens | None = None
 
     def policy_of(self, notebook: dict[str, Any]) -> Policy:
         """The policy the culler gives a notebook outside a pass (long-stopped counts, GPU-hour accounting):
@@ -152,7 +165,8 @@ class Runner:
             self._sources = sources_for(self.settings)
         gpu, rstudio = self._sources
         writes = not (self.dry_run or self.settings.operations.dry_run)
-        writer = Writer(self.api) if writes else None
+        coder = self.coder_client()
+        writer = (Writer(self.api) if coder is None else CoderWriter(self.api, coder)) if writes else None
         if self.settings.needs_namespace_labels and self.namespace_labels is None:
             from kf_culler.kube.namespaces import NamespaceLabels
 
@@ -174,6 +188,7 @@ class Runner:
             nodes=cache.node if cache is not None and cache.reads_nodes else None,
             service_problem=cache.service_problem if cache is not None else None,
             endpoint=cache.workspace_endpoint if cache is not None and cache.workspaces else None,
+            probe_auth=self._prober().get if self.settings.operations.probe.auth_proxy.enabled else None,
             access_problem=self.policies.access_problem if self.policies is not None and self.policies.enabled
             else None,
             brakes=self.settings.operations.brakes.limits if self.brakes else None,
@@ -181,12 +196,69 @@ class Runner:
             resend=self._unsent,
             tracer=self.tracer or trace.get_tracer("kf_culler"))
 
+    def _prober(self) -> ProberTokens:
+        if self.prober is None:
+            self.prober = ProberTokens(self.settings.operations.probe.auth_proxy, self.api, own_namespace())
+        return self.prober
+
+    @property
+    def coder_namespace(self) -> str | None:
+        coder = self.settings.operations.coder
+        return coder.namespace if coder is not None and CODER.name in self.settings.operations.targets else None
+
+    def coder_client(self) -> CoderClient | None:
+        """Coder's API client, when Coder workspaces are a target (made once)."""
+        coder = self.settings.operations.coder
+        if self.coder is None and coder is not None and CODER.name in self.settings.operations.targets:
+            self.coder = CoderClient(coder)
+        return self.coder
+
+    def coder_items(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+        """(session, pod) of every Coder workspace (kf_culler/coder_sessions.py), listed from Coder's API now and
+        paired with the cache's pods of the admin's Coder namespace. When Coder cannot be read, the last list's
+        workspaces with no signal (never idle on that); none before a first list."""
+        client, namespace = self.coder_client(), self.coder_namespace
+        if client is None or namespace is None or self.cache is None:
+            return []
+        if not self._coder_user_checked:
+            self._check_coder_user(client)
+        now = self.clock()
+        try:
+            self.coder_listed = client.list_workspaces()
+            self.coder_problem = None
+        except CoderError as err:
+            if self.coder_problem != str(err):
+                log.warning("Coder workspaces: %s; they get no signal until Coder can be read", err)
+            self.coder_problem = str(err)
+            if self.coder_listed is None:
+                return []
+            return [(unread(s, f"Coder could not be read: {err}"), pod) for s, pod in
+                    coder_items(self.coder_listed, namespace, self.cache.coder_pods(), now)]
+        return coder_items(self.coder_listed, namespace, self.cache.coder_pods(), now)
+
+    def _check_coder_user(self, client: CoderClient) -> None:
+        """Once: say loudly when the token is not a Coder Owner's (it lists only what it may read, and stop
+        builds of others' workspaces are refused)."""
+        try:
+            me = client.me()
+        except CoderError as err:
+            log.warning("Coder: %s", err)
+            return
+        self._coder_user_checked = True
+        roles = {str(r.get("name")) for r in me.get("roles") or [] if isinstance(r, dict)}
+        if "owner" not in roles:
+            log.warning("Coder: the token in coder.tokenFile is %s's, who is not an Owner (roles: %s): it sees only "
+                        "the workspaces it may read, and Coder refuses its stop builds of others' workspaces",
+                        str(me.get("username"))[:64], ", ".join(sorted(roles)) or "none")
+
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:
         self.cache = ClusterCache(self.api, self.settings.operations.namespaces.include,
                                   records_namespace=self.records_namespace or own_namespace(),
                                   targets=self.settings.operations.targets,
                                   workloads=lambda o: selects_workload(o, self.settings),
-                                  workload_kinds=wl.kinds if (wl := self.settings.operations.workloads) else ())
+                                  workload_kinds=wl.kinds if (wl := self.settings.operations.workloads) else (),
+                                  coder_namespace=self.settings.operations.coder.namespace
+                                  if self.coder_client() is not None and self.settings.operations.coder else None)
         self.cache.start()
         if not self.cache.wait_synced(timeout):
             log.warning("the notebook cache has not synced after %.0f s; still trying", timeout)
@@ -214,12 +286,13 @@ class Runner:
         self.wait_events()
         cycle = self.build_cycle(on_written=cache.record_notebook)
         snapshot = cache.snapshot()
-        result = cycle.run(snapshot)
+        items = snapshot + self.coder_items()  # Coder's workspaces, listed now (`targets: [coder]`)
+        result = cycle.run(items)
         self._events = result
         if wait_events:
             self.wait_events()
         self._keep_brakes(result)
-        self._keep_records(snapshot)
+        self._keep_records(items)
         self._report_orphans(snapshot, result.now)
         self._report_contested(snapshot, result.now)
         if self.policies is None:
@@ -267,7 +340,8 @@ class Runner:
         if self.cache is not None and self.cache.synced:
             live = {str((nb.get("metadata") or {}).get("uid")) for nb, _ in snapshot}
             selects, owns = self.settings.operations.namespaces.selects, self.owns or (lambda _ns: True)
-            self.records.sweep(live, lambda ns: selects(ns) and owns(ns))
+            unknown = self.coder_namespace if self.coder is not None and self.coder_listed is None else None
+            self.records.sweep(live, lambda ns: selects(ns) and owns(ns) and ns != unknown)
         self.records.flush()
 
     def _report_orphans(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime) -> None:

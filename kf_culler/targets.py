@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kf_culler.ide import CODER_SERVER_TYPE
 from kf_culler.model import STOP_ANNOTATION
 
 Key = tuple[str, str]
@@ -42,9 +43,13 @@ WORKSPACES = Target("workspaces", "Workspace", "kubeflow.org", "v1beta1", "works
 # scaling to 0 (the structure of sessions run without Kubeflow: one pod, a GPU, a home PVC).
 DEPLOYMENTS = Target("workloads", "Deployment", "apps", "v1", "deployments")
 STATEFULSETS = Target("workloads", "StatefulSet", "apps", "v1", "statefulsets")
-TARGETS = {t.name: t for t in (NOTEBOOKS, WORKSPACES, DEPLOYMENTS)}
+# Coder workspaces (`targets: [coder]`, docs/targets.md): not Kubernetes objects but what Coder's API lists, each
+# made into a synthetic session object (kf_culler/coder_sessions.py) and stopped by a stop build through Coder's
+# API (kf_culler/kube/coder.py). A Coder workspace is its own IDE, so the target is named like its IDE kind.
+CODER = Target(CODER_SERVER_TYPE, "CoderWorkspace", "coder.com", "v2", "workspaces")
+TARGETS = {t.name: t for t in (NOTEBOOKS, WORKSPACES, DEPLOYMENTS, CODER)}
 WORKLOADS = (DEPLOYMENTS, STATEFULSETS)
-KINDS = {t.kind: t for t in (NOTEBOOKS, WORKSPACES, *WORKLOADS)}  # the session kinds' targets
+KINDS = {t.kind: t for t in (NOTEBOOKS, WORKSPACES, *WORKLOADS, CODER)}  # the session kinds' targets
 _BY_KIND = KINDS
 # The replica count a workload had when the culler scaled it to 0 (for its user: what to scale back to).
 REPLICAS_BEFORE_ANNOTATION = "notebook-culler.io/replicas-before"
@@ -69,6 +74,8 @@ def is_stopped(obj: Mapping[str, Any]) -> bool:
         return _dict(obj.get("spec")).get("paused") is True
     if target in WORKLOADS:
         return _dict(obj.get("spec")).get("replicas") == 0
+    if target is CODER:  # its latest build stops or deletes it (whoever asked: its user, Coder's autostop, us)
+        return _dict(obj.get("spec")).get("transition") in ("stop", "delete")
     return STOP_ANNOTATION in _dict(_dict(obj.get("metadata")).get("annotations"))
 
 

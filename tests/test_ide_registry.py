@@ -16,9 +16,10 @@ from kf_culler.report import TYPE_NAMES
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kf_culler"
 # Files allowed to spell an IDE's source or server type: the registry, the configuration's accepted values
-# and URL keys, the gather's probe table, the probe adapters themselves, and the synthetic fleet generator.
+# and URL keys, the gather's probe table, the probe adapters themselves, the synthetic fleet generator, and the
+# local Coder server for the tests (where "coder" names Coder's binary, its build and its database user).
 ALLOWED = {"ide.py", "config.py", "gather.py", "sources/jupyter.py", "sources/codeserver.py", "sources/rstudio.py",
-           "replay/fleet.py"}
+           "replay/fleet.py", "local/coder.py"}
 
 
 def test_every_kind_has_a_way_to_be_read() -> None:

@@ -756,3 +756,75 @@ def test_openshift_ai_overlay_reads_the_shipped_workbench_images() -> None:
     assert policy.server_type_for_image("quay.io/opendatahub/odh-workbench-jupyter-minimal-cpu-py312-ubi9:3.4") \
         is None  # Jupyter, the default
     assert settings.operations.urls.code_server.endswith("/notebook/{namespace}/{name}/codeserver/")
+
+
+def render_openshift_ai_proxy_probes(tmp_path: Path) -> list[dict[str, Any]]:
+    """overlays/openshift-ai + components/openshift-ai-proxy-probes, in a kustomization setting the namespace, as
+    the component's comment and docs/install.md write it."""
+    import os
+
+    overlay = tmp_path / "proxy-probes"
+    overlay.mkdir()
+    rel = os.path.relpath(KUSTOMIZE, overlay)
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namespace": "redhat-ods-applications", "resources": [f"{rel}/overlays/openshift-ai"],
+        "components": [f"{rel}/components/openshift-ai-proxy-probes"]}))
+    return list(_render(str(overlay)))
+
+
+def test_openshift_ai_probes_through_the_proxy_only_with_the_component(tmp_path: Path) -> None:
+    """Off in the overlay; the component adds the prober ClusterRole (only `get notebooks`, bound by nothing it
+    ships), the culler's rights to make one prober per namespace (its own namespace's ServiceAccounts and their
+    tokens, RoleBindings named kf-culler-prober) narrowed by an admission policy, the service CA, egress to 8443,
+    and the overlay's configuration with only `urls` and `probe.authProxy` changed."""
+    plain = yaml.safe_load(config_text(render("overlays/openshift-ai")))
+    assert load_mapping(plain, "overlay").operations.probe.auth_proxy.enabled is False
+    objs = render_openshift_ai_proxy_probes(tmp_path)
+    raw = yaml.safe_load(config_text(objs))
+    auth = load_mapping(raw, "component").operations.probe.auth_proxy
+    assert (auth.enabled, auth.service_account, auth.expiration_seconds, auth.ca_file) == (
+        True, "kf-culler-prober", 600, "/etc/kf-culler-service-ca/service-ca.crt")
+    assert raw["urls"]["jupyter"] == "https://{name}-kube-rbac-proxy.{namespace}.svc:8443/notebook/{namespace}/{name}/"
+    assert {k: v for k, v in raw.items() if k not in ("urls", "probe")} == \
+        {k: v for k, v in plain.items() if k not in ("urls", "probe")}
+    assert {k: v for k, v in raw["probe"].items() if k != "authProxy"} == plain["probe"]
+
+    # No prober ServiceAccount and no cluster-wide binding of the prober's ClusterRole: the culler makes one prober
+    # per namespace, bound in that namespace only (kf_culler/kube/prober.py).
+    assert [o for o in objs if o["kind"] == "ServiceAccount"] == [one(objs, "ServiceAccount", "kf-culler")]
+    assert one(objs, "ClusterRole", "kf-culler-prober")["rules"] == [
+        {"apiGroups": ["kubeflow.org"], "resources": ["notebooks"], "verbs": ["get"]}]
+    assert not [b for b in objs if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
+                and b["roleRef"]["name"] == "kf-culler-prober"]
+    assert (auth.cluster_role, auth.token_file) == ("kf-culler-prober", None)
+    role = one(objs, "Role", "kf-culler-probers")
+    assert role["metadata"]["namespace"] == "redhat-ods-applications"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["create", "get"]},
+        {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]}]
+    assert one(objs, "RoleBinding", "kf-culler-probers")["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kf-culler", "namespace": "redhat-ods-applications"}]
+    assert one(objs, "ClusterRole", "kf-culler-prober-bindings")["rules"] == [
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"], "verbs": ["create"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"],
+         "resourceNames": ["kf-culler-prober"], "verbs": ["get", "update"]}]
+    assert one(objs, "ClusterRoleBinding", "kf-culler-prober-bindings")["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kf-culler", "namespace": "redhat-ods-applications"}]
+    # No `bind` and no `escalate` anywhere: the escalation check lets the culler bind only what it holds.
+    assert not [r for o in objs if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]
+                if {"bind", "escalate", "*"} & set(r["verbs"])]
+    policy = one(objs, "ValidatingAdmissionPolicy", "kf-culler-prober-identities")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert one(objs, "ValidatingAdmissionPolicyBinding", "kf-culler-prober-identities")["spec"] == {
+        "policyName": "kf-culler-prober-identities", "validationActions": ["Deny"]}
+    pod = culler(objs)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "kf-culler"  # the prober's token is requested, never mounted
+    (ca,) = [v for v in pod["volumes"] if v["name"] == "service-ca"]
+    assert ca["projected"]["sources"] == [{"configMap": {"name": "openshift-service-ca.crt", "items": [
+        {"key": "service-ca.crt", "path": "service-ca.crt"}]}}]
+    assert {"name": "service-ca", "mountPath": "/etc/kf-culler-service-ca", "readOnly": True} in \
+        container(culler(objs))["volumeMounts"]
+    egress = one(objs, "NetworkPolicy", "kf-culler")["spec"]["egress"]
+    assert {"to": [{"namespaceSelector": {}, "podSelector": {"matchExpressions": [
+        {"key": "notebook-name", "operator": "Exists"}]}}], "ports": [{"port": 8443, "protocol": "TCP"}]} in egress

@@ -178,6 +178,19 @@ def controlled_by(obj: dict[str, Any], notebook: dict[str, Any]) -> bool:
 def env(odh: OdhControllers) -> Iterator[Env]:
     """A fresh namespace the webhooks apply to; on the way out its Notebooks are deleted while the controllers
     run (their finalizers are ODH's), then the namespace, and its pods awaited (the kwok node is shared)."""
+    with fresh_namespace(odh) as e:
+        yield e
+
+
+@pytest.fixture()
+def env2(odh: OdhControllers) -> Iterator[Env]:
+    """A second namespace like `env`'s (another team's)."""
+    with fresh_namespace(odh) as e:
+        yield e
+
+
+@contextlib.contextmanager
+def fresh_namespace(odh: OdhControllers) -> Iterator[Env]:
     api = odh.cluster.api_client()
     e = Env(odh, f"odh-{uuid.uuid4().hex[:8]}", api)
     e.core().create_namespace({"metadata": {"name": e.namespace, "labels": {WEBHOOK_NAMESPACE_LABEL: "true"}}})
@@ -468,3 +481,401 @@ def test_the_culler_stops_an_idle_workbench_and_never_touches_the_lock(env: Env)
     assert stamp != LOCK_VALUE and dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     env.wait("the fork to scale wb to 0", lambda: env.replicas("wb") == 0, seen=lambda: env.replicas("wb"))
     assert env.annotations("wb")[STOP_ANNOTATION] == stamp  # ODH left the culler's stop as it is
+
+
+# --- probe.authProxy: the culler through the workbench's kube-rbac-proxy ---------------------------------------
+
+PROXY_COMPONENT = ROOT / "kustomize" / "components" / "openshift-ai-proxy-probes"
+PROM_TOKEN = "prometheus-token-not-the-probers"
+
+
+def _apply_rbac(e: Env, objs: list[dict[str, Any]]) -> None:
+    from kubernetes import utils
+
+    for o in objs:
+        try:
+            utils.create_from_dict(e.api, o)
+        except utils.FailToCreateError as err:
+            if not all(getattr(x, "status", None) == 409 for x in err.api_exceptions):
+                raise
+
+
+@contextlib.contextmanager
+def culler_identity(e: Env, tmp_path: Path) -> Iterator[Any]:
+    """The base's RBAC with components/openshift-ai-proxy-probes (the prober ClusterRole with only `get notebooks`,
+    the culler's rights to make a prober per namespace and mint its tokens) bound in the test's namespace, and the
+    component's ValidatingAdmissionPolicy; an API client acting exactly as the culler's ServiceAccount. The
+    prober ClusterRole keeps its shipped name (the policy names it; its content is the same for every test)."""
+    from kubernetes import client
+    from support.kustomize import component_rbac, delete_cluster_rbac, render
+
+    work = tmp_path / "rbac"
+    work.mkdir()
+    objs = component_rbac("openshift-ai-proxy-probes", e.namespace, work)
+    assert {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"} == {"kf-culler"}
+    for o in objs:
+        if o["kind"] == "ClusterRole" and o["metadata"]["name"] == f"{PROBER_ROLE}-{e.namespace}":
+            o["metadata"]["name"] = PROBER_ROLE
+    policies = [o for o in render(work) if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert len(policies) == 2
+    _apply_rbac(e, objs + policies)
+    try:
+        sa_api = e.cluster.api_client(e.cluster.service_account_kubeconfig(e.namespace, "kf-culler"))
+        # The policy is in force once the culler's token request for itself is refused.
+        core = client.CoreV1Api(sa_api)
+        e.wait("the prober policy in force", lambda: refused(lambda: core.create_namespaced_service_account_token(
+            "kf-culler", e.namespace, {"spec": {"expirationSeconds": 600}})) == 403)
+        yield sa_api
+    finally:
+        delete_cluster_rbac(e.api, objs)
+        reg = client.AdmissionregistrationV1Api(e.api)
+        with contextlib.suppress(Exception):
+            reg.delete_validating_admission_policy_binding("kf-culler-prober-identities")
+        with contextlib.suppress(Exception):
+            reg.delete_validating_admission_policy("kf-culler-prober-identities")
+
+
+PROBER_ROLE = "kf-culler-prober"
+
+
+def refused(call_: Callable[[], object]) -> int:
+    """The HTTP status an API call was refused with, 200 when it went through."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        call_()
+    except ApiException as err:
+        return int(err.status)
+    return 200
+
+
+def may_get_notebook(e: Env, user: str, namespace: str, name: str) -> bool:
+    """What the API server's RBAC answers the proxy's SubjectAccessReview for `user` now."""
+    from kubernetes import client
+
+    attributes = {"group": GROUP, "resource": PLURAL, "verb": "get", "namespace": namespace, "name": name}
+    review = client.AuthorizationV1Api(e.api).create_subject_access_review(
+        {"spec": {"user": user, "resourceAttributes": attributes}})
+    return bool(review.status.allowed)
+
+
+def proxy_settings(e: Env, sidecar: Any, **changes: Any) -> Any:
+    """The component's configuration, with the proxy's URL on loopback (its certificate names 127.0.0.1 too) and
+    the CA that signed it, for this namespace."""
+    from kf_culler.config import load_mapping
+
+    raw = yaml.safe_load((PROXY_COMPONENT / "config.yaml").read_text())
+    base = f"{sidecar.url}/notebook/{{namespace}}/{{name}}/"
+    raw["urls"] = {"jupyter": base, "codeServer": base + "codeserver/"}
+    raw["probe"]["authProxy"]["caFile"] = str(sidecar.ca)
+    raw["namespaces"] = {"include": [e.namespace]}
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    return load_mapping(raw, "test")
+
+
+def one_pass(settings: Any, api: Any, namespace: str, prober: Any = None) -> Any:
+    from kf_culler.runner import Runner
+
+    with Runner(settings, api, records_namespace=namespace, prober=prober) as runner:
+        [r] = [x for x in runner.once().results if x.name == "wb"]
+    return r
+
+
+def test_the_culler_reads_kernels_through_the_proxy_with_the_probers_token_only(env: Env, tmp_path: Path) -> None:
+    """(a) kf-culler, as its own ServiceAccount, makes the namespace's prober (ServiceAccount, RoleBinding), mints
+    its token (TokenRequest) and reads the workbench's kernels through the real kube-rbac-proxy; Jupyter's
+    last_activity does not move (no_track_activity survives the proxy). (d) The GPU source (a stand-in Prometheus)
+    gets its own token, never the prober's."""
+    from kf_culler.kube.prober import SERVES_ANNOTATION, ProberTokens, prober_name
+    from kf_culler.local.jupyter import JupyterServer
+    from kf_culler.local.prometheus import StubServer, json_reply
+
+    e = env
+    body = odh_notebook_body(e.namespace, "wb", inject_auth=True)
+    body["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    prom_token = tmp_path / "prom-token"
+    prom_token.write_text(PROM_TOKEN)
+    empty = json_reply({"status": "success", "data": {"resultType": "matrix", "result": []}})
+    with culler_identity(e, tmp_path) as sa_api, JupyterServer(e.namespace, "wb") as server, \
+            StubServer(lambda _: empty) as prom:
+        e.create(body)
+        e.running("wb")
+        kid = server.start_kernel()
+        sidecar = e.odh.start_sidecar(e.namespace, "wb", f"http://127.0.0.1:{server.port}/")
+        try:
+            time.sleep(1.5)
+            before = server.get("api/status")["last_activity"]
+            settings = proxy_settings(e, sidecar, idleMinutes=600, startupGraceMinutes=0,
+                                      prometheus={"url": prom.url, "bearerTokenFile": str(prom_token)})
+            prober = ProberTokens(settings.operations.probe.auth_proxy, sa_api, e.namespace)
+            r = one_pass(settings, sa_api, e.namespace, prober)
+            assert (prober.requests, prober.repairs) == (1, 1), r.verdict
+            name = prober_name(PROBER_ROLE, e.namespace)
+            sa = e.plain(e.core().read_namespaced_service_account(name, e.namespace))
+            assert sa["metadata"]["labels"] == {"app.kubernetes.io/component": "culler-prober"}
+            assert sa["metadata"]["annotations"] == {SERVES_ANNOTATION: e.namespace}
+            assert sa["automountServiceAccountToken"] is False
+            rb = e.plain(e.rbac().read_namespaced_role_binding(PROBER_ROLE, e.namespace))
+            assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                     "name": PROBER_ROLE}
+            assert rb["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": e.namespace}]
+            jupyter = r.observations["jupyter"]
+            assert "error" not in jupyter, jupyter
+            assert [k["id"] for k in jupyter["kernels"]] == [kid]
+            assert [c.status for c in r.calls] == [200, 200, 200]
+            assert all(c.url.startswith(sidecar.url) and c.url.endswith("?no_track_activity=1") for c in r.calls)
+            assert server.get("api/status")["last_activity"] == before  # looking did not keep it alive
+            asked = prom.requests()
+            assert asked, "the GPU source was never asked"
+            assert {s.headers.get("authorization") for s in asked} == {f"Bearer {PROM_TOKEN}"}
+        finally:
+            sidecar.stop()
+
+
+def test_the_proxy_refuses_other_tokens_and_the_culler_stops_an_idle_workbench_through_it(
+        env: Env, tmp_path: Path) -> None:
+    """(b) A token of a ServiceAccount without `get notebooks` is refused by the proxy (403): no signal, not idle;
+    the culler may not mint a token of any other ServiceAccount, and the prober's token can only get notebooks.
+    (c) A CA that did not sign the proxy's certificate: no signal, the handshake fails before a request is sent.
+    Then, through the proxy with the prober's token, the idle workbench is stopped and the fork scales it to 0."""
+    from kubernetes import client
+
+    from kf_culler.config import AuthProxySettings
+    from kf_culler.kube.prober import ProberTokens, prober_name
+    from kf_culler.local.jupyter import JupyterServer
+    from kf_culler.local.pki import Authority
+
+    e = env
+    with culler_identity(e, tmp_path) as sa_api, JupyterServer(e.namespace, "wb") as server:
+        e.create(odh_notebook_body(e.namespace, "wb", inject_auth=True))
+        e.running("wb")
+        sidecar = e.odh.start_sidecar(e.namespace, "wb", f"http://127.0.0.1:{server.port}/")
+        try:
+            quick = {"idleMinutes": 0.05, "warnMinutes": 0, "startupGraceMinutes": 0.05}
+            time.sleep(3.5)  # past the start-up grace
+            # (b) the proxy refuses a token without the right: no signal, nothing reached Jupyter's kernels.
+            outsider = tmp_path / "outsider-token"
+            outsider.write_text(sa_token(e, "outsider"))
+            refused = proxy_settings(e, sidecar, probe={"authProxy": {"enabled": True, "tokenFile": str(outsider),
+                                                                      "caFile": str(sidecar.ca)}}, **quick)
+            r = one_pass(refused, sa_api, e.namespace)
+            assert r.verdict.state == "no-signal" and r.verdict.action != "stop", r.verdict
+            assert "HTTP 403" in r.observations["jupyter"]["error"]
+            assert [c.status for c in r.calls] == [403]
+            # The culler makes and mints probers named kf-culler-prober-<hash> only (the component's policy).
+            other = ProberTokens(AuthProxySettings(enabled=True, service_account="outsider"), sa_api, e.namespace)
+            assert "HTTP 403" in (other.get([e.namespace])[e.namespace].error or "")
+
+            # (c) a CA that did not sign the proxy's certificate.
+            (tmp_path / "other-ca").mkdir()
+            wrong = Authority(tmp_path / "other-ca", name="not-the-service-ca")
+            r = one_pass(proxy_settings(e, sidecar, **quick,
+                                        probe={"authProxy": {"enabled": True, "serviceAccount": "kf-culler-prober",
+                                                             "caFile": str(wrong.pair.cert)}}),
+                         sa_api, e.namespace, ProberTokens(AuthProxySettings(
+                             enabled=True, service_account="kf-culler-prober", ca_file=str(wrong.pair.cert)),
+                             sa_api, e.namespace))
+            assert r.verdict.state == "no-signal", r.verdict
+            assert "CERTIFICATE_VERIFY_FAILED" in r.observations["jupyter"]["error"]
+            assert [c.status for c in r.calls] == [None]  # no HTTP answer: no request went out
+
+            # Through the proxy with the prober's token: idle, stopped, scaled to 0 by ODH's fork.
+            settings = proxy_settings(e, sidecar, **quick)
+            prober = ProberTokens(settings.operations.probe.auth_proxy, sa_api, e.namespace)
+            deadline = time.monotonic() + 30
+            while (r := one_pass(settings, sa_api, e.namespace, prober)).verdict.action != "stop":
+                assert "error" not in r.observations.get("jupyter", {}), r.observations
+                assert time.monotonic() < deadline, r.verdict
+                time.sleep(1)
+            assert prober.requests == 1  # one token for every pass within its half-life
+            # The namespace's prober may get notebooks there and do nothing else.
+            prober_api = e.cluster.api_client(e.cluster.service_account_kubeconfig(
+                e.namespace, prober_name(PROBER_ROLE, e.namespace)))
+            custom, core = client.CustomObjectsApi(prober_api), client.CoreV1Api(prober_api)
+            assert custom.get_namespaced_custom_object(GROUP, VERSION, e.namespace, PLURAL, "wb")
+            for call_ in (lambda: custom.list_namespaced_custom_object(GROUP, VERSION, e.namespace, PLURAL),
+                          lambda: custom.patch_namespaced_custom_object(
+                              GROUP, VERSION, e.namespace, PLURAL, "wb", {"metadata": {"annotations": {"x": "y"}}}),
+                          lambda: custom.list_cluster_custom_object(GROUP, VERSION, PLURAL),
+                          lambda: core.list_namespaced_secret(e.namespace),
+                          lambda: core.list_namespaced_pod(e.namespace)):
+                assert refused(call_) == 403
+        finally:
+            sidecar.stop()
+    assert r.write is not None and r.write.outcome == "patched", r.write
+    stamp = e.annotations("wb")[STOP_ANNOTATION]
+    assert stamp != LOCK_VALUE
+    e.wait("the fork to scale wb to 0", lambda: e.replicas("wb") == 0, seen=lambda: e.replicas("wb"))
+
+
+@contextlib.contextmanager
+def svc_names_on_loopback(monkeypatch: pytest.MonkeyPatch, ports: dict[str, int]) -> Iterator[None]:
+    """The component's own URL templates, https://<name>-kube-rbac-proxy.<namespace>.svc:8443, reach each sidecar on
+    loopback: those host names resolve to 127.0.0.1 and the sidecar's port (asyncio's loop for the pass instead of
+    uvloop, whose resolver is its own). TLS still checks the certificate against the host name."""
+    import asyncio
+    import socket
+
+    real = socket.getaddrinfo
+
+    def resolve(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str) and host in ports:
+            return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", ports[host]))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr("kf_culler.cycle.uvloop.new_event_loop", asyncio.new_event_loop)
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    yield
+
+
+def test_each_namespace_has_its_own_prober_whose_token_opens_only_that_namespace(
+        env: Env, env2: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two teams' workbenches, each behind its real kube-rbac-proxy in front of a real Jupyter, probed by one culler
+    (as its ServiceAccount) through the component's own URLs:
+    (1) namespace A's prober token passes A's proxy and is refused (403) by B's, and B's the other way round;
+    (2) one pass probes both, with two tokens (two probers, two RoleBindings), each token to its own namespace;
+    (3) a RoleBinding the user changed reads no signal (never idle) until they delete it, and a deleted one is made
+        again by the next pass;
+    (4) the culler can make exactly these objects and nothing more."""
+    from kubernetes import client
+
+    from kf_culler.config import load_mapping
+    from kf_culler.kube.prober import ProberTokens, prober_name
+    from kf_culler.local.jupyter import JupyterServer
+    from kf_culler.runner import Runner
+
+    a, b = env, env2
+    culler_ns = a.namespace  # the culler runs in A's namespace; its probers live there too
+    with culler_identity(a, tmp_path) as sa_api, JupyterServer(a.namespace, "wb") as jup_a, \
+            JupyterServer(b.namespace, "wb") as jup_b:
+        for e in (a, b):
+            e.create(odh_notebook_body(e.namespace, "wb", inject_auth=True))
+        for e in (a, b):
+            e.running("wb")
+        side_a = a.odh.start_sidecar(a.namespace, "wb", f"http://127.0.0.1:{jup_a.port}/")
+        side_b = b.odh.start_sidecar(b.namespace, "wb", f"http://127.0.0.1:{jup_b.port}/")
+        try:
+            bundle = tmp_path / "service-ca.crt"  # OpenShift's service CA signs every proxy; here each has its own
+            bundle.write_text(Path(side_a.ca).read_text() + Path(side_b.ca).read_text())
+            hosts = {f"wb{PROXY_SUFFIX}.{e.namespace}.svc": int(s.url.rsplit(":", 1)[1])
+                     for e, s in ((a, side_a), (b, side_b))}
+            raw = yaml.safe_load((PROXY_COMPONENT / "config.yaml").read_text())
+            raw["probe"]["authProxy"]["caFile"] = str(bundle)
+            raw.update({"namespaces": {"include": [a.namespace, b.namespace]}, "idleMinutes": 600,
+                        "startupGraceMinutes": 0, "warnMinutes": 0})
+            settings = load_mapping(raw, "test")
+            prober = ProberTokens(settings.operations.probe.auth_proxy, sa_api, culler_ns)
+
+            def one(runner: Runner) -> dict[str, Any]:
+                return {r.namespace: r for r in runner.once().results if r.name == "wb"}
+
+            with svc_names_on_loopback(monkeypatch, hosts), \
+                    Runner(settings, sa_api, records_namespace=culler_ns, prober=prober) as runner:
+                # (2) one pass, both namespaces, each through its own proxy with its own prober's token.
+                got = one(runner)
+                for e in (a, b):
+                    r = got[e.namespace]
+                    assert "error" not in r.observations["jupyter"], r.observations
+                    assert [c.status for c in r.calls] == [200, 200, 200]
+                    assert all(c.url.startswith(f"https://wb{PROXY_SUFFIX}.{e.namespace}.svc:8443/notebook/"
+                                                f"{e.namespace}/wb/") for c in r.calls)
+                assert (prober.requests, prober.repairs) == (2, 2)
+                tokens = {ns: auth.header.removeprefix("Bearer ") for ns, auth in
+                          prober.get([a.namespace, b.namespace]).items() if auth.header}
+                assert len(tokens) == 2 and tokens[a.namespace] != tokens[b.namespace]
+                probers = {e.namespace: prober_name(PROBER_ROLE, e.namespace) for e in (a, b)}
+                assert probers[a.namespace] != probers[b.namespace]
+                for e in (a, b):
+                    rb = e.plain(e.rbac().read_namespaced_role_binding(PROBER_ROLE, e.namespace))
+                    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": probers[e.namespace],
+                                               "namespace": culler_ns}]
+                assert not [x for x in a.plain(a.rbac().list_cluster_role_binding())["items"]
+                            if x["roleRef"]["name"] == PROBER_ROLE]  # never bound cluster-wide
+
+                # (1) each token passes its own namespace's proxy and is refused by the other's.
+                path = "/notebook/{ns}/wb/api/kernels"
+                for ns, side in ((a.namespace, side_a), (b.namespace, side_b)):
+                    for token_ns, token in tokens.items():
+                        status, text = call(side.url + path.format(ns=ns), side.ca, token)
+                        if token_ns == ns:
+                            assert status == 200, text
+                        else:
+                            assert status == 403, text
+                            assert f"user=system:serviceaccount:{culler_ns}:{probers[token_ns]}, verb=get, " \
+                                   "resource=notebooks" in text
+
+                # (3) B's user replaces the RoleBinding with one of another role: the culler cannot change a
+                # roleRef (nor delete), so B reads no signal, nothing is sent to B's proxy; A is unaffected.
+                b.rbac().delete_namespaced_role_binding(PROBER_ROLE, b.namespace)
+                b.rbac().create_namespaced_role_binding(b.namespace, {
+                    "metadata": {"name": PROBER_ROLE},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+                    "subjects": [{"kind": "ServiceAccount", "name": "someone", "namespace": b.namespace}]})
+                got = one(runner)
+                rb_ = got[b.namespace]
+                assert rb_.verdict.state == "no-signal" and rb_.verdict.action != "stop", rb_.verdict
+                assert rb_.calls == [] and f"RoleBinding {b.namespace}/{PROBER_ROLE} binds ClusterRole view" in \
+                    rb_.observations["jupyter"]["error"]
+                assert "error" not in got[a.namespace].observations["jupyter"]
+                # Deleted (by the user here): the next pass makes it again and B reads its kernels.
+                b.rbac().delete_namespaced_role_binding(PROBER_ROLE, b.namespace)
+                user_b = f"system:serviceaccount:{culler_ns}:{probers[b.namespace]}"
+                assert not may_get_notebook(b, user_b, b.namespace, "wb")
+                got = one(runner)
+                assert "error" not in got[b.namespace].observations["jupyter"], got[b.namespace].observations
+                assert prober.repairs == 3 and may_get_notebook(b, user_b, b.namespace, "wb")
+                # An edited one (subjects replaced) is restored the same way.
+                b.rbac().patch_namespaced_role_binding(PROBER_ROLE, b.namespace, {"subjects": [
+                    {"kind": "ServiceAccount", "name": "someone", "namespace": b.namespace}]})
+                assert not may_get_notebook(b, user_b, b.namespace, "wb")
+                got = one(runner)
+                assert prober.repairs == 4 and may_get_notebook(b, user_b, b.namespace, "wb")
+                assert not may_get_notebook(b, f"system:serviceaccount:{b.namespace}:someone", b.namespace, "wb")
+                assert not may_get_notebook(a, user_b, a.namespace, "wb")
+        finally:
+            side_a.stop()
+            side_b.stop()
+
+        # (4) As the culler's ServiceAccount: what it needs, and nothing more.
+        core, rbac = client.CoreV1Api(sa_api), client.RbacAuthorizationV1Api(sa_api)
+        token = {"spec": {"expirationSeconds": 600}}
+        prober_b = probers[b.namespace]
+        assert core.create_namespaced_service_account_token(prober_b, culler_ns, token).status.token
+        for who, ns in (("kf-culler", culler_ns), ("default", culler_ns), ("wb", b.namespace),
+                        (prober_b, b.namespace)):
+            assert refused(lambda w=who, n=ns: core.create_namespaced_service_account_token(w, n, token)) == 403, \
+                (who, ns)
+        labels = {"app.kubernetes.io/component": "culler-prober"}
+        for body in ({"metadata": {"name": "not-a-prober", "labels": labels}, "automountServiceAccountToken": False},
+                     {"metadata": {"name": prober_name(PROBER_ROLE, "x"), "labels": labels}},  # automounted
+                     {"metadata": {"name": prober_name(PROBER_ROLE, "x")}, "automountServiceAccountToken": False}):
+            assert refused(lambda x=body: core.create_namespaced_service_account(culler_ns, x)) == 403, body
+        assert refused(lambda: core.create_namespaced_service_account(b.namespace, {
+            "metadata": {"name": prober_name(PROBER_ROLE, "x"), "labels": labels},
+            "automountServiceAccountToken": False})) == 403
+        subject = [{"kind": "ServiceAccount", "name": prober_b, "namespace": culler_ns}]
+        culler_role = f"kf-culler-{culler_ns}"  # the base's ClusterRole (its rights the culler holds)
+        for name, role, subjects in (("kf-culler-prober", "admin", subject), ("kf-culler-prober", "edit", subject),
+                                     ("kf-culler-prober", culler_role, subject),
+                                     ("kf-culler-prober", PROBER_ROLE,
+                                      [{"kind": "ServiceAccount", "name": "someone", "namespace": b.namespace}]),
+                                     ("other", PROBER_ROLE, subject)):
+            body = {"metadata": {"name": name}, "subjects": subjects,
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}}
+            assert refused(lambda x=body: rbac.create_namespaced_role_binding(b.namespace, x)) == 403, (name, role)
+        b.rbac().create_namespaced_role_binding(b.namespace, {
+            "metadata": {"name": "theirs"}, "subjects": subject,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": PROBER_ROLE}})
+        for call_ in (lambda: rbac.read_namespaced_role_binding("theirs", b.namespace),
+                      lambda: rbac.patch_namespaced_role_binding("theirs", b.namespace, {"subjects": subject}),
+                      lambda: rbac.delete_namespaced_role_binding(PROBER_ROLE, b.namespace),
+                      lambda: rbac.list_namespaced_role_binding(b.namespace),
+                      lambda: rbac.create_namespaced_role(b.namespace, {"metadata": {"name": "r"}, "rules": []}),
+                      lambda: core.list_namespaced_service_account(culler_ns),
+                      lambda: core.delete_namespaced_service_account(prober_b, culler_ns),
+                      lambda: core.patch_namespaced_service_account(prober_b, culler_ns, {"metadata": {"labels": {}}})):
+            assert refused(call_) == 403

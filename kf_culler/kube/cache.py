@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kf_culler.coder_sessions import WORKSPACE_ID_LABEL
 from kf_culler.config import GPU_MODEL_LABEL
 from kf_culler.kube import GROUP, PLURAL, VERSION
 from kf_culler.kube.liststream import list_items
@@ -85,21 +86,26 @@ def _controller_ref(meta: dict[str, Any]) -> list[dict[str, Any]]:
             for r in (refs if isinstance(refs, list) else []) if isinstance(r, dict) and r.get("controller") is True]
 
 
-def _kept_pod(meta: dict[str, Any], replicaset_pods: bool = False) -> bool:
+def _kept_pod(meta: dict[str, Any], replicaset_pods: bool = False, coder_namespace: str | None = None) -> bool:
     """Pods a notebook can have: controlled by a StatefulSet, or named like a StatefulSet's first pod (a
-    notebook's pod taken from its StatefulSet is still `<name>-0`; kf_culler/kube/pairing.py reports it)."""
+    notebook's pod taken from its StatefulSet is still `<name>-0`; kf_culler/kube/pairing.py reports it); with
+    `targets: [coder]`, the pods of the admin's Coder namespace labelled with a Coder workspace's id."""
+    if coder_namespace is not None and meta.get("namespace") == coder_namespace \
+            and WORKSPACE_ID_LABEL in _dict(meta.get("labels")):
+        return True
     refs = _controller_ref(meta)
     kinds = ("StatefulSet", "ReplicaSet") if replicaset_pods else ("StatefulSet",)
     return any(r.get("kind") in kinds for r in refs) or str(meta.get("name", "")).endswith("-0")
 
 
-def _slim_pod(obj: dict[str, Any], replicaset_pods: bool = False) -> dict[str, Any] | None:
+def _slim_pod(obj: dict[str, Any], replicaset_pods: bool = False,
+              coder_namespace: str | None = None) -> dict[str, Any] | None:
     """The parts of a pod the culler reads (identity, labels and its controller, containers' and init
     containers' images and resources, the node, phase and start time, the Ready condition and the
     containers' restarts and states); None for a pod no notebook can have. A notebook pod with its sidecars,
     env and volumes is many kilobytes of JSON; 10,000 of them whole would be most of the culler's memory."""
     meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
-    if not _kept_pod(meta, replicaset_pods):
+    if not _kept_pod(meta, replicaset_pods, coder_namespace):
         return None
     pod_spec = _slim_containers(spec)
     if "nodeName" in spec:
@@ -437,7 +443,8 @@ class ClusterCache:
     def __init__(self, api_client: Any, namespaces: tuple[str, ...] = (), records_namespace: str | None = None,
                  targets: tuple[str, ...] = (NOTEBOOKS.name,),
                  workloads: Callable[[dict[str, Any]], bool] | None = None,
-                 workload_kinds: tuple[str, ...] = ("Deployment", "StatefulSet")) -> None:
+                 workload_kinds: tuple[str, ...] = ("Deployment", "StatefulSet"),
+                 coder_namespace: str | None = None) -> None:
         from kubernetes import client
 
         from kf_culler.kube.records import RECORDS_SELECTOR
@@ -455,6 +462,7 @@ class ClusterCache:
         on = workloads is not None and "workloads" in targets
         keep = workloads or (lambda _o: False)
         self.pods: list[_Collection] = []
+        self.coder_namespace = coder_namespace  # `targets: [coder]`: its pods are kept (`coder_pods`)
         self.statefulsets: list[_Collection] = []
         self.services: list[_Collection] = []
         # The culler's own record (kf_culler/kube/records.py): ConfigMaps in its own namespace.
@@ -476,7 +484,7 @@ class ClusterCache:
                         f"workspaces/{ns}", _bind(custom.list_namespaced_custom_object, ws.group, ws.version, ns,
                                                   ws.plural), self.stop_event, slim=_slim_workspace))
                 self.pods.append(_Collection(f"pods/{ns}", _bind(core.list_namespaced_pod, ns),
-                                             self.stop_event, slim=lambda o: _slim_pod(o, on)))
+                                             self.stop_event, slim=lambda o: _slim_pod(o, on, coder_namespace)))
                 if on:
                     self._watch_workloads(custom, apps, ns, keep, workload_kinds)
                 self.statefulsets.append(_Collection(f"statefulsets/{ns}", _bind(apps.list_namespaced_stateful_set, ns),
@@ -493,7 +501,7 @@ class ClusterCache:
                     "workspaces", _bind(custom.list_cluster_custom_object, ws.group, ws.version, ws.plural),
                     self.stop_event, slim=_slim_workspace))
             self.pods.append(_Collection("pods", core.list_pod_for_all_namespaces, self.stop_event,
-                                         slim=lambda o: _slim_pod(o, on)))
+                                         slim=lambda o: _slim_pod(o, on, coder_namespace)))
             if on:
                 self._watch_workloads(custom, apps, None, keep, workload_kinds)
             self.statefulsets.append(_Collection("statefulsets", apps.list_stateful_set_for_all_namespaces,
@@ -593,6 +601,13 @@ class ClusterCache:
             paired += [(w, workload_pod(w, by_deployment, pods_by_owner)) for _, w in sorted(chosen,
                                                                                            key=lambda x: x[0])]
         return paired
+
+    def coder_pods(self) -> list[dict[str, Any]]:
+        """The pods of the admin's Coder namespace labelled with a Coder workspace's id (`targets: [coder]`)."""
+        if self.coder_namespace is None:
+            return []
+        return [p for c in self.pods for (ns, _), p in c.snapshot().items() if ns == self.coder_namespace
+                and WORKSPACE_ID_LABEL in _dict(_dict(p.get("metadata")).get("labels"))]
 
     def workspace_endpoint(self, ws: dict[str, Any]) -> tuple[str, int, str] | str:
         """(Service name, port, path) of a Workspace's IDE as of the last snapshot, or why it cannot be reached

@@ -244,6 +244,7 @@ class _Stale(Transient):
 
 
 Target = tuple[str, str, int]  # scheme, host, port
+PoolKey = tuple[Target, str | None]  # a kept-alive connection's server and the Authorization it was opened for
 
 
 @dataclass
@@ -253,19 +254,35 @@ class Fetcher:
     settings: ProbeSettings
     idle_limit: int
     calls: list[Call] = field(default_factory=list)
-    idle: OrderedDict[Target, list[_Connection]] = field(default_factory=OrderedDict)  # least recent first
+    idle: OrderedDict[PoolKey, list[_Connection]] = field(default_factory=OrderedDict)  # least recent first
     idle_count: int = 0
     _tls: ssl.SSLContext | None = None
+    # The Authorization header this fetcher adds to every request (the prober token of probe.authProxy), sent
+    # over https only, after the TLS handshake verified the server against `_tls`. A fetcher with it is used for
+    # the kube-rbac-proxy URLs of one namespace alone (kf_culler/gather.py): its connections are never shared with
+    # other URLs or another namespace's fetcher.
+    authorization: str | None = None
+    # A sibling's (`sibling`): the fetcher whose bound on kept-alive connections it shares.
+    _root: Fetcher | None = None
 
     @classmethod
-    def open(cls, settings: ProbeSettings, concurrency: int) -> Fetcher:
+    def open(cls, settings: ProbeSettings, concurrency: int, authorization: str | None = None,
+             tls: ssl.SSLContext | None = None) -> Fetcher:
         # Kept-alive connections wait here for the next request to the same server (a notebook's
         # endpoints are asked one after another on one connection). With a host per notebook few are
         # asked again, so at most `concurrency` wait, the oldest closed first; with URL templates
         # through one gateway every notebook shares them.
-        return cls(settings, idle_limit=max(1, concurrency))
+        return cls(settings, idle_limit=max(1, concurrency), _tls=tls, authorization=authorization)
+
+    def sibling(self, authorization: str, tls: ssl.SSLContext | None) -> Fetcher:
+        """A fetcher that adds `authorization` to its requests, verifies servers against `tls`, and counts its
+        kept-alive connections within this one's `idle_limit`; a connection is reused only by requests with the
+        same Authorization (one namespace's prober token), never by this fetcher or another sibling."""
+        return Fetcher(self.settings, self.idle_limit, _tls=tls, authorization=authorization, _root=self._root or self)
 
     async def close(self) -> None:
+        if self._root is not None:
+            return  # its connections are its root's, closed with it
         for waiting in self.idle.values():
             for conn in waiting:
                 conn.abort()
@@ -305,6 +322,10 @@ class Fetcher:
         return result, call
 
     async def _once(self, url: str, headers: dict[str, str] | None, call: Call) -> Any:
+        if self.authorization is not None:
+            if not url.startswith("https://"):
+                raise Permanent("the prober token is sent over https only; not probed")
+            headers = {**(headers or {}), "Authorization": self.authorization}
         target, request, close = _request(url, headers)
         try:
             answer = await self._exchange(target, request, close)
@@ -353,26 +374,28 @@ class Fetcher:
         raise AssertionError("unreachable")
 
     def _take(self, target: Target) -> _Connection | None:
-        waiting = self.idle.get(target)
+        pool, key = self._root or self, (target, self.authorization)
+        waiting = pool.idle.get(key)
         while waiting:
             conn = waiting.pop()
-            self.idle_count -= 1
+            pool.idle_count -= 1
             if not waiting:
-                del self.idle[target]
+                del pool.idle[key]
             if not conn.closed:
                 return conn
         return None
 
     def _keep(self, target: Target, conn: _Connection) -> None:
-        self.idle.setdefault(target, []).append(conn)
-        self.idle.move_to_end(target)
-        self.idle_count += 1
-        while self.idle_count > self.idle_limit:  # close the connection unused the longest
-            oldest_target, waiting = next(iter(self.idle.items()))
+        pool, key = self._root or self, (target, self.authorization)
+        pool.idle.setdefault(key, []).append(conn)
+        pool.idle.move_to_end(key)
+        pool.idle_count += 1
+        while pool.idle_count > pool.idle_limit:  # close the connection unused the longest
+            oldest, waiting = next(iter(pool.idle.items()))
             waiting.pop(0).abort()
-            self.idle_count -= 1
+            pool.idle_count -= 1
             if not waiting:
-                del self.idle[oldest_target]
+                del pool.idle[oldest]
 
     async def _connect(self, target: Target) -> _Connection:
         scheme, host, port = target

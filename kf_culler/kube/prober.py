@@ -1,0 +1,249 @@
+"""The prober's credentials for workbenches behind kube-rbac-proxy (`probe.authProxy`, Open Data Hub).
+
+What a probe through the proxy needs, once per pass and per namespace: the `Authorization` header (a token of
+that namespace's prober) and the TLS context that verifies the proxy's serving certificate (`caFile`, OpenShift's
+service CA). The token is sent to a pod its user controls, so it is never the culler's own token, it is
+short-lived, and it opens nothing outside the namespace it is sent to:
+
+- `serviceAccount` (a name prefix): one prober per probed namespace N, the ServiceAccount
+  `<prefix>-<first 10 hex of sha256(N)>` in the culler's own namespace (labelled
+  app.kubernetes.io/component=culler-prober, annotated with N), and the RoleBinding `<prefix>` in N binding
+  `clusterRole` (only `get notebooks`) to it. The culler creates both when missing and restores the RoleBinding
+  each pass a user edited or deleted it (a user can break only their own namespace's probing, which then reads
+  no signal). N's token is a TokenRequest for N's prober, `expirationSeconds` long (600 by default, the API
+  server's minimum), renewed once half of it has passed; a failed renewal keeps the token while it has more
+  than a tenth of its life left, then N's proxy probes report the error (no signal, nothing is sent). A
+  captured token passes the proxies of N's workbenches only, which N's members pass anyway.
+- `tokenFile`: the file's content, read again whenever its modification time, size or inode changes (a
+  projected or mounted Secret is replaced by a symlink swap); one file is one identity, so config.py allows it
+  only when exactly one namespace is probed.
+
+The CA file is read again when it changes too. Nothing here raises: a problem is `ProxyAuth.error`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kf_culler.config import AuthProxySettings
+
+FileKey = tuple[int, int, int]
+COMPONENT_LABEL = "app.kubernetes.io/component"
+PROBER_COMPONENT = "culler-prober"
+SERVES_ANNOTATION = "notebook-culler.io/prober-for-namespace"  # the namespace a prober's token is sent to
+RBAC_GROUP = "rbac.authorization.k8s.io"
+
+
+def prober_name(prefix: str, namespace: str) -> str:
+    """The ServiceAccount whose tokens go to namespace's workbenches: one per namespace, named from it."""
+    return f"{prefix}-{hashlib.sha256(namespace.encode()).hexdigest()[:10]}"
+
+
+def _why(err: Exception) -> str:
+    if hasattr(err, "status") and hasattr(err, "reason"):
+        return f"HTTP {err.status} {err.reason}"
+    return f"{type(err).__name__}: {err}"[:300] if isinstance(err, ValueError) else type(err).__name__
+
+
+@dataclass(frozen=True)
+class ProxyAuth:
+    """`header`: the Authorization header's value; `tls`: the context verifying the proxy; or `error`."""
+
+    header: str | None = None
+    tls: ssl.SSLContext | None = None
+    error: str | None = None
+
+
+def _key(path: str) -> FileKey:
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class ProberTokens:
+    """`get(namespaces)` -> {namespace: ProxyAuth} for this pass; thread-safe, cheap when nothing changed (a stat
+    or two, and one GET of each namespace's RoleBinding)."""
+
+    def __init__(self, settings: AuthProxySettings, api: Any = None, namespace: str = "default",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.api = api
+        self.namespace = namespace  # the culler's own: where the probers' ServiceAccounts live
+        self.clock = clock
+        self.requests = 0  # TokenRequests made (for tests)
+        self.repairs = 0  # RoleBindings created or restored (for tests)
+        self._lock = threading.Lock()
+        self._tokens: dict[str, tuple[str, float]] = {}  # namespace -> (token, when issued)
+        self._accounts: set[str] = set()  # namespaces whose prober ServiceAccount was seen to be theirs
+        self._file_token: str | None = None
+        self._file_key: FileKey | None = None
+        self._tls: ssl.SSLContext | None = None
+        self._tls_key: FileKey | None = None
+
+    def get(self, namespaces: Iterable[str]) -> dict[str, ProxyAuth]:
+        wanted = sorted(set(namespaces))
+        with self._lock:
+            try:
+                tls = self._context()
+            except (OSError, ssl.SSLError, ValueError) as err:
+                bad_ca = f"probe.authProxy.caFile {self.settings.ca_file}: {err}"[:300]
+                return {ns: ProxyAuth(error=bad_ca) for ns in wanted}
+            out: dict[str, ProxyAuth] = {}
+            for ns in wanted:
+                token, error = self._from_file() if self.settings.token_file else self._for(ns)
+                out[ns] = ProxyAuth(error=error) if error is not None else ProxyAuth(header=f"Bearer {token}", tls=tls)
+            return out
+
+    def account(self, namespace: str) -> str:
+        return prober_name(str(self.settings.service_account), namespace)
+
+    def _context(self) -> ssl.SSLContext:
+        path = self.settings.ca_file
+        key = _key(path) if path else None
+        if self._tls is None or key != self._tls_key:
+            self._tls = ssl.create_default_context(cafile=path) if path else ssl.create_default_context()
+            self._tls_key = key
+        return self._tls
+
+    def _from_file(self) -> tuple[str | None, str | None]:
+        path = str(self.settings.token_file)
+        try:
+            key = _key(path)
+            if self._file_token is None or key != self._file_key:
+                with open(path, encoding="utf-8") as f:
+                    token = f.read(16 * 1024).strip()
+                self._file_token, self._file_key = token, key
+        except OSError as err:
+            self._file_token = None
+            return None, f"cannot read probe.authProxy.tokenFile {path}: {err.strerror or err}"
+        if not self._file_token or "\n" in self._file_token or "\r" in self._file_token:
+            return None, f"probe.authProxy.tokenFile {path} holds no usable token"
+        return self._file_token, None
+
+    def _for(self, namespace: str) -> tuple[str | None, str | None]:
+        """namespace's token, its RoleBinding checked (and repaired) first: every pass, so a binding a user
+        deleted or edited is back before their namespace's next probes."""
+        problem = self._ensure_binding(namespace)
+        if problem is not None:
+            self._tokens.pop(namespace, None)
+            return None, problem
+        return self._requested(namespace)
+
+    def _requested(self, namespace: str) -> tuple[str | None, str | None]:
+        life = float(self.settings.expiration_seconds)
+        now = self.clock()
+        held = self._tokens.get(namespace)
+        if held is not None and now - held[1] < life / 2:
+            return held[0], None
+        try:
+            token = self._request(namespace)
+        except Exception as err:
+            why = f"TokenRequest for ServiceAccount {self.namespace}/{self.account(namespace)} failed: {_why(err)}"
+            if held is not None and now - held[1] < life * 0.9:
+                return held[0], None  # still valid for a while: try again next pass
+            self._tokens.pop(namespace, None)
+            return None, why
+        self._tokens[namespace] = (token, now)
+        return token, None
+
+    # -- the API server: each namespace's ServiceAccount, RoleBinding and tokens --------------------------------
+    def _meta(self, name: str, namespace: str, serves: str) -> dict[str, Any]:
+        return {"name": name, "namespace": namespace, "labels": {COMPONENT_LABEL: PROBER_COMPONENT},
+                "annotations": {SERVES_ANNOTATION: serves}}
+
+    def _binding(self, namespace: str) -> dict[str, Any]:
+        return {"apiVersion": f"{RBAC_GROUP}/v1", "kind": "RoleBinding",
+                "metadata": self._meta(str(self.settings.service_account), namespace, namespace),
+                "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": self.settings.cluster_role},
+                "subjects": [{"kind": "ServiceAccount", "name": self.account(namespace), "namespace": self.namespace}]}
+
+    def _ensure_binding(self, namespace: str) -> str | None:
+        """None when namespace's RoleBinding is as the culler made it (made or restored now if need be), else why
+        its probes get no token. A GET that fails otherwise than 404 leaves the binding as it is: the proxy
+        decides."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        body = self._binding(namespace)
+        name = body["metadata"]["name"]
+        try:
+            found = rbac.read_namespaced_role_binding(name, namespace, _request_timeout=10)
+        except ApiException as err:
+            if err.status != 404:
+                return None
+            found = None
+        except Exception:
+            return None
+        try:
+            if found is None:
+                rbac.create_namespaced_role_binding(namespace, body, _request_timeout=10)
+                self.repairs += 1
+                return None
+            ref = found.role_ref
+            if (ref.kind, ref.name) != ("ClusterRole", self.settings.cluster_role):
+                return (f"RoleBinding {namespace}/{name} binds {ref.kind} {ref.name}, not ClusterRole "
+                        f"{self.settings.cluster_role} (edited in the namespace; the culler cannot change a roleRef: "
+                        "delete the RoleBinding and the culler makes it again)")
+            subjects = [(s.kind, s.name, s.namespace) for s in found.subjects or []]
+            labels = (found.metadata.labels or {}).get(COMPONENT_LABEL)
+            serves = (found.metadata.annotations or {}).get(SERVES_ANNOTATION)
+            if subjects == [("ServiceAccount", self.account(namespace), self.namespace)] \
+                    and labels == PROBER_COMPONENT and serves == namespace:
+                return None
+            body["metadata"]["resourceVersion"] = found.metadata.resource_version
+            rbac.replace_namespaced_role_binding(name, namespace, body, _request_timeout=10)
+            self.repairs += 1
+            return None
+        except Exception as err:
+            if getattr(err, "status", None) == 409:
+                return None  # made or changed meanwhile: checked again next pass
+            return f"cannot {'create' if found is None else 'restore'} RoleBinding {namespace}/{name}: {_why(err)}"
+
+    def _ensure_account(self, namespace: str) -> None:
+        """namespace's prober ServiceAccount exists and serves namespace (raises otherwise)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        core = client.CoreV1Api(self.api)
+        name = self.account(namespace)
+        body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": self._meta(name, self.namespace, namespace),
+                "automountServiceAccountToken": False}
+        try:
+            core.create_namespaced_service_account(self.namespace, body, _request_timeout=10)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            found = core.read_namespaced_service_account(name, self.namespace, _request_timeout=10)
+            serves = (found.metadata.annotations or {}).get(SERVES_ANNOTATION)
+            if serves != namespace:
+                raise ValueError(f"ServiceAccount {self.namespace}/{name} serves {serves!r}, not {namespace!r}") \
+                    from None
+        self._accounts.add(namespace)
+
+    def _request(self, namespace: str) -> str:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        if namespace not in self._accounts:
+            self._ensure_account(namespace)
+        self.requests += 1
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": self.settings.expiration_seconds}}  # the API server's audience
+        try:
+            out = client.CoreV1Api(self.api).create_namespaced_service_account_token(
+                self.account(namespace), self.namespace, body, _request_timeout=10)
+        except ApiException as err:
+            if err.status == 404:
+                self._accounts.discard(namespace)  # deleted: made again next time
+            raise
+        token = str(out.status.token or "")
+        if not token:
+            raise ValueError("empty token")
+        return token
