@@ -292,3 +292,50 @@ def test_an_event_that_could_not_be_sent_is_sent_by_the_next_pass(api: Any, name
                if e.reason == "IdleNotebookStopped"]
     assert sorted(stopped) == ["nb00-ok", "nb02-ok"]  # the 503 sent again once; the 403 not
     assert first.results[0].write is not None and first.results[0].write.event == "created"
+
+
+def test_chunks_count_only_the_notebooks_that_store_records_first() -> None:
+    from kf_culler.cycle import _chunks
+
+    items = list(range(10))
+    assert _chunks(items, lambda i: i % 3 == 0, 2) == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9]]  # type: ignore[arg-type]
+    assert _chunks(items, lambda _i: False, 2) == [items]  # type: ignore[arg-type]
+    assert _chunks([], lambda _i: True, 2) == []
+
+
+@pytest.mark.cluster
+def test_a_pass_stopped_mid_chunk_takes_back_the_records_stored_ahead(api: Any, namespace: str) -> None:
+    """One writer: chunks of 16 stops, the second chunk's records stored while the first is written. SIGTERM after
+    the third stop: the records of every notebook not stopped, those of the chunk stored ahead included, are
+    taken back, so that no later pass reads a stop that never happened as a restart."""
+    names = [f"nb{i:02d}-ok" for i in range(40)]
+    with FaultyServer(idle_since=datetime.now(UTC) - timedelta(hours=1)) as faulty:
+        settings = storm_of(api, namespace, names, faulty)
+        settings = load_mapping({"idleMinutes": 30, "warnMinutes": 0, "startupGraceMinutes": 0, "writesInFlight": 1,
+                                 "namespaces": {"include": [namespace]},
+                                 "urls": {"jupyter": faulty.base + "/{name}/"}}, "storm")
+        seen, original = record_patches(api)
+        written: list[str] = []
+        with Runner(settings, api, records_namespace=namespace) as runner:
+            def stop_after_three(r: Any) -> None:
+                written.append(r.name)
+                if len(written) == 3:
+                    runner.stop.set()
+
+            runner.on_result = stop_after_three
+            result = runner.once()
+        api.call_api = original
+    assert result.interrupted and len(written) == 3
+    ahead = {uid for p in seen for uid, v in p["data"].items() if v and "stoppedAt" in v}
+    assert len(ahead) == 32  # both chunks' records were stored before their patches
+    for name in names:
+        nb = obj.get_notebook(api, namespace, name)
+        uid = nb["metadata"]["uid"]
+        try:
+            kept = (client.CoreV1Api(api).read_namespaced_config_map(bucket_of(uid), namespace).data or {}).get(uid)
+        except ApiException as err:  # a bucket no stored record needed
+            assert err.status == 404
+            kept = None
+        stopped = STOP_ANNOTATION in (nb["metadata"].get("annotations") or {})
+        assert stopped == (name in written), name
+        assert (kept is not None and "stoppedAt" in json.loads(kept)) == stopped, name

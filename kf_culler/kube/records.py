@@ -69,6 +69,13 @@ def read_buckets(configmaps: Iterable[dict[str, Any]]) -> dict[str, Stored]:
     return out
 
 
+def _discard(resp: Any) -> None:
+    """Read an answer to its end and give its connection back, without decoding it: a bucket's answer is the whole
+    ConfigMap (hundreds of records), decoded into a V1ConfigMap for nothing at every patch of a storm."""
+    resp.drain_conn()
+    resp.release_conn()
+
+
 class RecordStore:
     """Reads records from the cache's watch of the buckets; writes single keys with merge patches."""
 
@@ -170,9 +177,9 @@ class RecordStore:
         body = {"data": values}
         for _ in range(3):
             try:
-                with_backoff(lambda: self.core.patch_namespaced_config_map(
+                with_backoff(lambda: _discard(self.core.patch_namespaced_config_map(
                     bucket, self.namespace, body, _content_type="application/merge-patch+json",
-                    _request_timeout=REQUEST_TIMEOUT))
+                    _request_timeout=REQUEST_TIMEOUT, _preload_content=False)))
                 with self._count:
                     self.writes += 1
                 return True
