@@ -660,9 +660,9 @@ def test_the_proxy_refuses_other_tokens_and_the_culler_stops_an_idle_workbench_t
             # (b) the proxy refuses a token without the right: no signal, nothing reached Jupyter's kernels.
             outsider = tmp_path / "outsider-token"
             outsider.write_text(sa_token(e, "outsider"))
-            refused = proxy_settings(e, sidecar, probe={"authProxy": {"enabled": True, "tokenFile": str(outsider),
-                                                                      "caFile": str(sidecar.ca)}}, **quick)
-            r = one_pass(refused, sa_api, e.namespace)
+            outsiders = proxy_settings(e, sidecar, probe={"authProxy": {"enabled": True, "tokenFile": str(outsider),
+                                                                        "caFile": str(sidecar.ca)}}, **quick)
+            r = one_pass(outsiders, sa_api, e.namespace)
             assert r.verdict.state == "no-signal" and r.verdict.action != "stop", r.verdict
             assert "HTTP 403" in r.observations["jupyter"]["error"]
             assert [c.status for c in r.calls] == [403]
@@ -750,8 +750,8 @@ def test_each_namespace_has_its_own_prober_whose_token_opens_only_that_namespace
 
     a, b = env, env2
     culler_ns = a.namespace  # the culler runs in A's namespace; its probers live there too
-    with culler_identity(a, tmp_path) as sa_api, JupyterServer(a.namespace, "wb") as jup_a, \
-            JupyterServer(b.namespace, "wb") as jup_b:
+    with culler_identity(a, tmp_path) as sa_api, JupyterServer(a.namespace, "wb", remote=True) as jup_a, \
+            JupyterServer(b.namespace, "wb", remote=True) as jup_b:
         for e in (a, b):
             e.create(odh_notebook_body(e.namespace, "wb", inject_auth=True))
         for e in (a, b):

@@ -81,6 +81,7 @@ class ProberTokens:
         self._lock = threading.Lock()
         self._tokens: dict[str, tuple[str, float]] = {}  # namespace -> (token, when issued)
         self._accounts: set[str] = set()  # namespaces whose prober ServiceAccount was seen to be theirs
+        self._fresh: set[str] = set()  # namespaces whose RoleBinding was made or restored, not yet seen in force
         self._file_token: str | None = None
         self._file_key: FileKey | None = None
         self._tls: ssl.SSLContext | None = None
@@ -133,7 +134,15 @@ class ProberTokens:
         if problem is not None:
             self._tokens.pop(namespace, None)
             return None, problem
-        return self._requested(namespace)
+        token, error = self._requested(namespace)
+        if token is not None and namespace in self._fresh:
+            # The API server authorises from a cache that follows the RoleBinding a moment later, and the proxy
+            # keeps a refusal for 30 s: the token goes out once the binding is seen in force, else next pass.
+            if not self._in_force(namespace, token):
+                return None, (f"RoleBinding {namespace}/{self.settings.service_account} made or restored this pass, "
+                              "not in force yet; probed from the next pass")
+            self._fresh.discard(namespace)
+        return token, error
 
     def _requested(self, namespace: str) -> tuple[str | None, str | None]:
         life = float(self.settings.expiration_seconds)
@@ -185,6 +194,7 @@ class ProberTokens:
             if found is None:
                 rbac.create_namespaced_role_binding(namespace, body, _request_timeout=10)
                 self.repairs += 1
+                self._fresh.add(namespace)
                 return None
             ref = found.role_ref
             if (ref.kind, ref.name) != ("ClusterRole", self.settings.cluster_role):
@@ -200,11 +210,38 @@ class ProberTokens:
             body["metadata"]["resourceVersion"] = found.metadata.resource_version
             rbac.replace_namespaced_role_binding(name, namespace, body, _request_timeout=10)
             self.repairs += 1
+            self._fresh.add(namespace)
             return None
         except Exception as err:
             if getattr(err, "status", None) == 409:
                 return None  # made or changed meanwhile: checked again next pass
             return f"cannot {'create' if found is None else 'restore'} RoleBinding {namespace}/{name}: {_why(err)}"
+
+    def _in_force(self, namespace: str, token: str, wait: float = 3.0) -> bool:
+        """Whether the API server lets namespace's prober (its token) `get notebooks` there (a
+        SelfSubjectAccessReview, which anyone may make about themselves), asked for up to `wait` seconds."""
+        import copy
+
+        from kubernetes import client
+
+        config = copy.copy(self.api.configuration if self.api is not None else client.Configuration.get_default_copy())
+        config.api_key, config.api_key_prefix = {"authorization": f"Bearer {token}"}, {}
+        config.refresh_api_key_hook = None
+        config.cert_file = config.key_file = config.username = config.password = None
+        review = {"spec": {"resourceAttributes": {"group": "kubeflow.org", "resource": "notebooks", "verb": "get",
+                                                  "namespace": namespace}}}
+        deadline = time.monotonic() + wait
+        with client.ApiClient(config) as api:
+            while True:
+                try:
+                    out = client.AuthorizationV1Api(api).create_self_subject_access_review(review, _request_timeout=5)
+                    if out.status.allowed:
+                        return True
+                except Exception:
+                    return False
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.1)
 
     def _ensure_account(self, namespace: str) -> None:
         """namespace's prober ServiceAccount exists and serves namespace (raises otherwise)."""

@@ -18,8 +18,11 @@ class JupyterServer(procs.LocalServer):
     what = "the Jupyter server"
 
     def __init__(self, namespace: str, name: str, terminals: bool = True, base_path: str | None = None,
-                 ip: str = "127.0.0.1", port: int | None = None) -> None:
+                 ip: str = "127.0.0.1", port: int | None = None, remote: bool = False) -> None:
         super().__init__("kf-culler-jupyter-", "server.log")
+        # Answer requests whose Host is not a loopback name (a Service's, through a proxy), as a server listening on
+        # the pod's address does; on loopback Jupyter otherwise refuses them (403).
+        self.remote = remote
         self.ip = ip  # another loopback address: a kwok pod's IP, where a controller looks for the server
         if port is not None:
             self.port = port
@@ -46,6 +49,8 @@ class JupyterServer(procs.LocalServer):
                "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
                f"--ServerApp.root_dir={self.dir}",
                f"--ServerApp.terminals_enabled={self.terminals}"]
+        if self.remote:
+            cmd.append("--ServerApp.allow_remote_access=True")
         if self.terminals:  # enabled explicitly: a virtualenv does not see the system's extension config
             cmd.append("--ServerApp.jpserver_extensions={'jupyter_server_terminals': True}")
         return cmd

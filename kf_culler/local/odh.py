@@ -406,8 +406,9 @@ class OdhControllers:
         work.mkdir(parents=True, exist_ok=True)
         config = work / "config-file.yaml"
         config.write_text(cm.data["config-file.yaml"])
-        authority = Authority(work, name="service-ca")
-        serving = authority.issue("tls", f"{name}{PROXY_SUFFIX}.{namespace}.svc", server=True)
+        authority = Authority(work, name=f"service-ca {namespace}/{name}")  # one CA each: distinct in a bundle
+        service = f"{name}{PROXY_SUFFIX}.{namespace}.svc"  # what OpenShift's service CA would name
+        serving = authority.issue("tls", service, server=True, dns_names=(service, f"{service}.cluster.local"))
         kubeconfig = self.cluster.service_account_kubeconfig(namespace, name, work / "token.kubeconfig")
         port, health = procs.free_port(), procs.free_port()
         replaced = {"--secure-listen-address": f"127.0.0.1:{port}", "--upstream": upstream,

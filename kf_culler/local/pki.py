@@ -53,7 +53,8 @@ class Authority:
                          _write(directory / "ca.key", _key_pem(self.key)))
 
     def issue(self, stem: str, common_name: str, organizations: tuple[str, ...] = (),
-              server: bool = False, client: bool = False) -> Pair:
+              server: bool = False, client: bool = False, dns_names: tuple[str, ...] = ()) -> Pair:
+        """A key pair signed by this authority; a server's certificate names loopback, and `dns_names` too."""
         key = ec.generate_private_key(ec.SECP256R1())
         attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
         attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
@@ -72,6 +73,7 @@ class Authority:
                 x509.DNSName("localhost"), x509.DNSName("kubernetes"),
                 x509.DNSName("kubernetes.default.svc"),
                 x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                *(x509.DNSName(n) for n in dns_names),
             ]), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
         return Pair(_write(self.dir / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM)),
