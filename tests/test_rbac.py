@@ -171,3 +171,109 @@ def test_rendered_overlay_passes_server_side_dry_run(kube: KubeTarget, api: Any,
                            "-f", str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "deployment.apps/kf-culler created (server dry run)" in done.stdout
+
+
+CODER_NS = "coder"  # the component's Coder namespace, as shipped
+CODER_CULLER_NS = "kf-culler-rbac-coder"
+
+
+def coder_rbac_objects(tmp: Path) -> list[dict[str, Any]]:
+    """The RBAC of overlays/kubeflow + components/coder (rendered as the component's comment writes it), bound to
+    the ServiceAccount in CODER_CULLER_NS: the Role and RoleBinding stay in the Coder namespace, the cluster-scoped
+    copies are named after CODER_CULLER_NS (as rbac_objects does)."""
+    import os
+
+    rel = os.path.relpath(ROOT / "kustomize", tmp)
+    (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{rel}/overlays/kubeflow"], "components": [f"{rel}/components/coder"]}))
+    out = []
+    for o in render(tmp):
+        if o["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+            continue
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            o["metadata"]["name"] += f"-{CODER_CULLER_NS}"
+        elif o["metadata"]["namespace"] != CODER_NS:
+            o["metadata"]["namespace"] = CODER_CULLER_NS
+        for s in o.get("subjects", []):
+            s["namespace"] = CODER_CULLER_NS
+        if o["kind"] == "ClusterRoleBinding":
+            o["roleRef"]["name"] += f"-{CODER_CULLER_NS}"
+        out.append(o)
+    assert {(o["kind"], o["metadata"]["namespace"]) for o in out if o["metadata"]["name"] == "kf-culler-coder"} == {
+        ("Role", CODER_NS), ("RoleBinding", CODER_NS)}
+    return out
+
+
+def test_coder_component_rbac_in_the_coder_namespace_and_nothing_more(kube: KubeTarget, api: Any,
+                                                                      tmp_path: Path) -> None:
+    """As the culler's ServiceAccount with the base's RBAC and components/coder: in `coder`, what the Coder target
+    calls (the cache's pods, the Deployment an Event goes on, the Event, through the CoderWriter itself) is
+    allowed; patching the Deployment and reading Secrets are refused."""
+    from support.kustomize import delete_cluster_rbac
+
+    from kf_culler.config import CoderSettings
+    from kf_culler.kube.coder import CoderWriter
+    from kf_culler.plan import EventSpec
+    from kf_culler.sources.coder import CoderClient
+
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    for ns in (CODER_CULLER_NS, CODER_NS):
+        try:
+            core.create_namespace({"metadata": {"name": ns}})
+        except ApiException as err:
+            assert err.status == 409
+    objs = coder_rbac_objects(tmp_path)
+    apply(api, objs)
+    ws_id = "0f1e2d3c-4b5a-4697-8877-665544332211"
+    name = f"coder-{ws_id[:8]}"
+    labels = {"com.coder.workspace.id": ws_id}
+    try:
+        try:
+            apps.create_namespaced_deployment(CODER_NS, {
+                "metadata": {"name": name, "labels": labels},
+                "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": {
+                    "metadata": {"labels": labels}, "spec": {"containers": [{"name": "dev", "image": "busybox"}]}}}})
+        except ApiException as err:
+            assert err.status == 409
+        try:
+            core.create_namespaced_secret(CODER_NS, {"metadata": {"name": "coder-db-url"}, "stringData": {"url": "x"}})
+        except ApiException as err:
+            assert err.status == 409
+        sa_api = kube.api_client(kube.service_account_kubeconfig(CODER_CULLER_NS, "kf-culler"))
+        sa_core, sa_apps = client.CoreV1Api(sa_api), client.AppsV1Api(sa_api)
+        selector = f"com.coder.workspace.id={ws_id}"
+        # The cache: pods cluster-wide (namespaces.include empty) or in `coder` alone, both from the base.
+        sa_core.list_pod_for_all_namespaces(limit=1)
+        sa_core.list_namespaced_pod(CODER_NS, label_selector=selector)
+        watch = sa_core.list_namespaced_pod(CODER_NS, watch=True, timeout_seconds=1, _preload_content=False)
+        assert watch.status == 200
+        watch.release_conn()
+        # The reason: the CoderWriter lists the Deployments so labelled and creates the Event on the one it finds.
+        assert [d.metadata.name for d in sa_apps.list_namespaced_deployment(
+            CODER_NS, label_selector=selector).items] == [name]
+        coder = CoderClient(CoderSettings.model_validate({
+            "url": "http://coder.coder.svc.cluster.local", "tokenFile": "/nonexistent", "namespace": CODER_NS}))
+        writer = CoderWriter(sa_api, coder)
+        spec = EventSpec("Normal", "NotebookCulled", "rbac test")
+        assert writer.coder_event(CODER_NS, "alice.dev", ws_id, spec, datetime.now(UTC)) == "created"
+        events = core.list_namespaced_event(CODER_NS, field_selector=f"involvedObject.name={name}").items
+        assert any(e.involved_object.kind == "Deployment" and e.message == "rbac test" for e in events)
+
+        merge = "application/merge-patch+json"
+        assert forbidden(lambda: sa_apps.patch_namespaced_deployment(name, CODER_NS, {"spec": {"replicas": 1}},
+                                                                     _content_type=merge)) == 403
+        assert forbidden(lambda: sa_apps.read_namespaced_deployment(name, CODER_NS)) == 403  # list only
+        assert forbidden(lambda: sa_apps.delete_namespaced_deployment(name, CODER_NS)) == 403
+        assert forbidden(lambda: sa_apps.list_deployment_for_all_namespaces()) == 403  # nothing cluster-wide
+        assert forbidden(lambda: sa_core.read_namespaced_secret("coder-db-url", CODER_NS)) == 403
+        assert forbidden(lambda: sa_core.list_namespaced_secret(CODER_NS)) == 403
+        assert forbidden(lambda: sa_core.delete_namespaced_pod("any", CODER_NS)) == 403
+    finally:
+        delete_cluster_rbac(api, objs)
+        rbac = client.RbacAuthorizationV1Api(api)
+        for delete in (lambda: rbac.delete_namespaced_role_binding("kf-culler-coder", CODER_NS),
+                       lambda: rbac.delete_namespaced_role("kf-culler-coder", CODER_NS),
+                       lambda: apps.delete_namespaced_deployment(name, CODER_NS),
+                       lambda: core.delete_namespaced_secret("coder-db-url", CODER_NS)):
+            forbidden(delete)  # best effort: a 404 is fine
