@@ -652,6 +652,9 @@ def test_notifications_component_mounts_the_secret_read_only(tmp_path: Path) -> 
     pod = culler(objs)["spec"]["template"]["spec"]
     (vol,) = [v for v in pod["volumes"] if v["name"] == "notifications"]
     assert vol["secret"]["secretName"] == "kf-culler-notifications"
+    uid = pod["securityContext"]["runAsUser"]
+    mode = vol["secret"]["defaultMode"]  # the files are root's: readable by the culler's UID only through "other"
+    assert uid != 0 and mode & 0o004 and not mode & 0o222, oct(mode)
     (mount,) = [m for m in container(culler(objs))["volumeMounts"] if m["name"] == "notifications"]
     assert mount == {"name": "notifications", "mountPath": "/etc/kf-culler/notifications", "readOnly": True}
     assert {m["name"] for m in container(culler(objs))["volumeMounts"]} >= {"config", "tmp", "notifications"}
@@ -828,3 +831,138 @@ def test_openshift_ai_probes_through_the_proxy_only_with_the_component(tmp_path:
     egress = one(objs, "NetworkPolicy", "kf-culler")["spec"]["egress"]
     assert {"to": [{"namespaceSelector": {}, "podSelector": {"matchExpressions": [
         {"key": "notebook-name", "operator": "Exists"}]}}], "ports": [{"port": 8443, "protocol": "TCP"}]} in egress
+
+
+# --- components/coder -------------------------------------------------------------------------------
+
+CODER_NAMESPACE = "coder"
+
+
+def render_with_coder(tmp_path: Path, patches: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """overlays/kubeflow + components/coder, in a kustomization that sets no namespace, as the component's
+    comment and docs/targets.md write it (optionally with the patches an admin adds)."""
+    import os
+
+    overlay = tmp_path / "with-coder"
+    overlay.mkdir()
+    rel = os.path.relpath(KUSTOMIZE, overlay)
+    kustomization: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{rel}/overlays/kubeflow"], "components": [f"{rel}/components/coder"]}
+    if patches:
+        kustomization["patches"] = patches
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return list(_render(str(overlay)))
+
+
+def test_coder_component_turns_the_target_on_beside_notebooks(tmp_path: Path) -> None:
+    objs = render_with_coder(tmp_path)
+    raw = yaml.safe_load(config_text(objs))
+    ops = load_mapping(raw, "components/coder").operations
+    assert ops.targets == ("notebooks", "coder")
+    assert ops.coder is not None
+    assert (ops.coder.token_file, ops.coder.namespace) == ("/etc/kf-culler-coder/token", CODER_NAMESPACE)
+    assert ops.coder.url == "http://coder.coder.svc.cluster.local"
+    # The overlay's configuration with only the targets and the coder section added.
+    plain = yaml.safe_load(config_text(render("overlays/kubeflow")))
+    assert {k: v for k, v in raw.items() if k not in ("targets", "coder")} == plain
+    text = (KUSTOMIZE / "components" / "coder" / "config.yaml").read_text()
+    assert text.count("CHANGE") >= 2  # the URL and the namespace say they are the admin's to set
+
+
+def test_coder_component_mounts_the_token_secret_read_only_and_never_in_a_configmap(tmp_path: Path) -> None:
+    objs = render_with_coder(tmp_path)
+    ops = load_mapping(yaml.safe_load(config_text(objs)), "components/coder").operations
+    assert ops.coder is not None
+    token_dir = str(Path(ops.coder.token_file).parent)
+    pod = culler(objs)["spec"]["template"]["spec"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "coder-token"]
+    assert vol == {"name": "coder-token", "secret": {"secretName": "kf-culler-coder-token", "defaultMode": 0o440,
+                                                     "items": [{"key": "token", "path": "token"}]}}
+    # The files are root's: the culler's group reads them (fsGroup), the container running as that group.
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"] == 65532
+    mounts = container(culler(objs))["volumeMounts"]
+    assert {"name": "coder-token", "mountPath": token_dir, "readOnly": True} in mounts
+    assert [m for m in mounts if m["name"] == "config"] == [
+        {"name": "config", "mountPath": "/etc/kf-culler", "readOnly": True}]
+    assert {m["name"] for m in mounts} == {"config", "tmp", "coder-token"}
+    # The Secret is the admin's: not rendered, not in any ConfigMap, not in the environment.
+    assert not find(objs, "Secret")
+    for cm in find(objs, "ConfigMap"):
+        assert set(cm.get("data") or {}) == {"config.yaml"} and not cm.get("binaryData")
+    coder = yaml.safe_load(config_text(objs))["coder"]
+    assert set(coder) == {"url", "tokenFile", "namespace", "pageSize", "timeoutSeconds"}  # a path, never a token
+    assert "kf-culler-coder-token" not in str(container(culler(objs)).get("env"))
+    assert not [v for v in pod["volumes"] if "configMap" in v and v["name"] == "coder-token"]
+    docs = (KUSTOMIZE / "components" / "coder" / "kustomization.yaml").read_text()
+    assert "kubectl create secret generic kf-culler-coder-token" in docs and "--from-literal=token=" in docs
+
+
+def test_coder_component_grants_only_deployments_list_in_the_coder_namespace(tmp_path: Path) -> None:
+    """The base's ClusterRole already grants pods get/list/watch and events create everywhere (the cache's
+    watch and the reason's Event): the component adds `list` on Deployments (the Event's object), in `coder`
+    only, and nothing cluster-wide."""
+    objs = render_with_coder(tmp_path)
+    base_rules = grants(one(objs, "ClusterRole", NAME))
+    assert base_rules[("", "pods")] == {"get", "list", "watch"}
+    assert "create" in base_rules[("", "events")]
+    role = one(objs, "Role", "kf-culler-coder")
+    assert role["metadata"]["namespace"] == CODER_NAMESPACE
+    assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list"]}]
+    binding = one(objs, "RoleBinding", "kf-culler-coder")
+    assert binding["metadata"]["namespace"] == CODER_NAMESPACE
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kf-culler-coder"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": culler(objs)["spec"]["template"]["spec"][
+        "serviceAccountName"], "namespace": culler(objs)["metadata"]["namespace"]}]
+    plain = render("overlays/kubeflow")
+    cluster_scoped = ("ClusterRole", "ClusterRoleBinding")
+    assert [o for o in objs if o["kind"] in cluster_scoped] == [o for o in plain if o["kind"] in cluster_scoped]
+    added = {(o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] != "ConfigMap"} \
+        - {(o["kind"], o["metadata"]["name"]) for o in plain}
+    assert added == {("Role", "kf-culler-coder"), ("RoleBinding", "kf-culler-coder")}
+    for o in (role, binding):
+        assert o["metadata"]["labels"].items() >= LABELS.items()
+
+
+def test_coder_component_lets_the_culler_reach_coders_pods(tmp_path: Path) -> None:
+    objs = render_with_coder(tmp_path)
+    egress = one(objs, "NetworkPolicy", NAME)["spec"]["egress"]
+    plain = one(render("overlays/kubeflow"), "NetworkPolicy", NAME)["spec"]["egress"]
+    assert egress[:-1] == plain
+    assert egress[-1] == {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "coder"}},
+                                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "coder"}}}],
+                          "ports": [{"port": 8080, "protocol": "TCP"}, {"port": 8443, "protocol": "TCP"}]}
+    # An https:// Coder URL outside the cluster: the base's rule for the API server already allows 443 anywhere.
+    assert any("to" not in e and {"port": 443, "protocol": "TCP"} in e["ports"] for e in plain)
+
+
+def test_coder_component_namespace_moves_with_the_documented_patch(tmp_path: Path) -> None:
+    """The patch the component's comment gives for another Coder namespace moves both RBAC objects."""
+    docs = (KUSTOMIZE / "components" / "coder" / "kustomization.yaml").read_text()
+    assert "target: {kind: Role|RoleBinding, name: kf-culler-coder}" in docs
+    objs = render_with_coder(tmp_path, [{
+        "target": {"kind": "Role|RoleBinding", "name": "kf-culler-coder"},
+        "patch": "- op: replace\n  path: /metadata/namespace\n  value: coder-workspaces\n"}])
+    assert one(objs, "Role", "kf-culler-coder")["metadata"]["namespace"] == "coder-workspaces"
+    assert one(objs, "RoleBinding", "kf-culler-coder")["metadata"]["namespace"] == "coder-workspaces"
+
+
+def test_workspaces_component_opens_workspace_pods_in_the_cullers_own_network_policy(tmp_path: Path) -> None:
+    """overlays/kubeflow + components/workspaces without a `namespace:` of the admin's (as the component's comment
+    writes it): the egress to Workspace pods is a rule of the namespaced NetworkPolicy kf-culler, not a policy of
+    its own left without a namespace."""
+    import os
+
+    rel = os.path.relpath(KUSTOMIZE, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {rel}/overlays/kubeflow\ncomponents:\n  - {rel}/components/workspaces\n")
+    assert KUBECTL is not None
+    proc = subprocess.run([KUBECTL, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert all(p["metadata"].get("namespace") for p in policies), [p["metadata"] for p in policies]
+    rules = one(objs, "NetworkPolicy", "kf-culler")["spec"]["egress"]
+    assert any(p["port"] == 8888 and any(t.get("podSelector", {}).get("matchExpressions") for t in r["to"])
+               for r in rules for p in r["ports"])
