@@ -552,6 +552,10 @@ def test_sigterm_during_a_pass(cluster: LocalCluster, api: Any, ns: str, faulty:
     port = int(cluster.server.rsplit(":", 1)[1])
     config = settings_for(faulty, ns, checkPeriodSeconds=3600)
     config["probe"]["timeoutSeconds"] = 8
+    if when == "during-apply":
+        # One write at a time, each through the slow proxy, so that the signal lands with stops still to write:
+        # 16 writers wrote all 30 within the second it took to see the first (the signal then ends nothing).
+        config["writesInFlight"] = 1
     with SlowProxy(port, delay=0.15 if when == "during-apply" else 0.0) as proxy:
         kubeconfig = kubeconfig_through(cluster, proxy.port, tmp_path / "kubeconfig")
         hang_before = len(faulty.requests_for("hang"))
