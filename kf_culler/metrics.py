@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any, get_args
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from kf_culler import slots
 from kf_culler.brakes import Outcome
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.decide import gpu_count
@@ -173,66 +175,70 @@ class Metrics:
 
 
 CONNECTION_TIMEOUT_SECONDS = 10.0  # each read and write of a connection
-CONNECTION_DEADLINE_SECONDS = 20.0  # a whole connection, however slowly it trickles
-MAX_CONNECTIONS = 256  # connections served at once; more are closed at once, not queued on threads
-MAX_CONNECTIONS_PER_CLIENT = 8  # from one address: one tenant's pod cannot take every slot from the kubelet
+# The caps and deadlines of connections (kf_culler/slots.py), named here too for the servers' readers.
+MAX_CONNECTIONS = slots.MAX_CONNECTIONS
+MAX_CONNECTIONS_PER_CLIENT = slots.MAX_PER_CLIENT
+REAP_EVERY_SECONDS = 0.2  # how often connections past a deadline are looked for
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, but at most MAX_CONNECTIONS of them and MAX_CONNECTIONS_PER_CLIENT from one
-    address: a flood of half-open or slow connections from a pod costs at most that many threads, each ended
-    by its CONNECTION_TIMEOUT_SECONDS per read and CONNECTION_DEADLINE_SECONDS in all, and leaves the slots
-    of other addresses (the kubelet's liveness probe, Prometheus) free."""
+    """A thread per connection, within the caps of kf_culler/slots.py: a flood of half-open or slow connections
+    from pods costs a bounded number of threads, each ended by its CONNECTION_TIMEOUT_SECONDS per read, its
+    header deadline and its whole deadline (one reaper thread per server cuts them), and leaves other
+    addresses (the kubelet's liveness probe, Prometheus, another namespace's pods) their slots."""
 
     request_queue_size = 128  # the listen backlog: a burst of connects is refused by us, not dropped as SYNs
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._lock = threading.Lock()
-        self._open: dict[str, int] = {}
-        self._total = 0
-        self.refused = 0
+        self.slots = slots.Slots()
+        self._closed = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="connection-deadlines", daemon=True)
+        self._reaper.start()
+
+    @property
+    def refused(self) -> int:
+        return self.slots.refused
 
     def _client(self, client_address: Any) -> str:
         return str(client_address[0]) if isinstance(client_address, tuple) and client_address else "?"
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        who = self._client(client_address)
-        with self._lock:
-            if self._total >= MAX_CONNECTIONS or self._open.get(who, 0) >= MAX_CONNECTIONS_PER_CLIENT:
-                self.refused += 1
-                self.shutdown_request(request)
-                return
-            self._total += 1
-            self._open[who] = self._open.get(who, 0) + 1
+        admitted, cut = self.slots.open(request, self._client(client_address))
+        for sock in cut:
+            _cut(sock)
+        if not admitted:
+            self.shutdown_request(request)
+            return
         try:
             super().process_request(request, client_address)
         except Exception:
-            self._release(who)
+            self.slots.close(request)
             raise
 
-    def _release(self, who: str) -> None:
-        with self._lock:
-            self._total -= 1
-            left = self._open.get(who, 1) - 1
-            if left <= 0:
-                self._open.pop(who, None)
-            else:
-                self._open[who] = left
-
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        deadline = threading.Timer(CONNECTION_DEADLINE_SECONDS, _cut, (request,))
-        deadline.daemon = True
-        deadline.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
-            deadline.cancel()
-            self._release(self._client(client_address))
+            self.slots.close(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that went away (or was cut) while being answered is no error of the server's."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+    def _reap(self) -> None:
+        while not self._closed.wait(REAP_EVERY_SECONDS):
+            for sock in self.slots.overdue():
+                _cut(sock)
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
 
 
 def _cut(sock: Any) -> None:
-    """End a connection past its deadline (its thread then sees the socket closed)."""
+    """End a connection (its thread then sees the socket closed)."""
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
 
@@ -245,11 +251,19 @@ class BoundedServer:
     """A read-only HTTP server on a BoundedHTTPServer: `answer(method, target, headers)` gives each GET or
     HEAD its response; every other method gets 405."""
 
-    def __init__(self, address: str, answer: Callable[[str, str, Any], Answer], name: str) -> None:
+    def __init__(self, address: str, answer: Callable[[str, str, Any, slots.Peer], Answer], name: str) -> None:
         host, _, port = address.rpartition(":")
 
         class Handler(BaseHTTPRequestHandler):
             timeout = CONNECTION_TIMEOUT_SECONDS  # a connection that sends nothing is closed after this
+            server: BoundedHTTPServer
+
+            def parse_request(self) -> bool:
+                ok = super().parse_request()
+                whole = self.server.slots.read(self.request)  # its headers are in: its reading slot is free
+                if not whole:  # cut before the end of its headers: no answer
+                    self.close_connection = True
+                return ok and whole
 
             def do_HEAD(self) -> None:
                 self._answer("HEAD")
@@ -264,7 +278,9 @@ class BoundedServer:
             do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _refuse
 
             def _answer(self, method: str) -> None:
-                code, body, ctype, headers = answer(method, self.path, self.headers)
+                table, sock = self.server.slots, self.request
+                peer = slots.Peer(self.server._client(self.client_address), lambda ns: table.claim(sock, ns))
+                code, body, ctype, headers = answer(method, self.path, self.headers, peer)
                 self._send(code, body, ctype, headers, head=method == "HEAD")
 
             def _send(self, code: int, body: bytes, ctype: str, headers: dict[str, str], head: bool = False) -> None:
@@ -306,7 +322,7 @@ class HealthServer(BoundedServer):
         self.notes: list[str] = []  # lines /readyz adds to its answer (e.g. "warning: no GPU metrics source ...")
         super().__init__(address, self._answer, "health")
 
-    def _answer(self, method: str, target: str, headers: Any) -> Answer:
+    def _answer(self, method: str, target: str, headers: Any, peer: slots.Peer) -> Answer:
         path = target.split("?", 1)[0]
         if path == "/metrics":
             return 200, self.metrics.render(), CONTENT_TYPE_LATEST, {}
@@ -327,8 +343,8 @@ class ApiServer(BoundedServer):
         self.api = api
         super().__init__(address, self._answer, "verdict-api")
 
-    def _answer(self, method: str, target: str, headers: Any) -> Answer:
+    def _answer(self, method: str, target: str, headers: Any, peer: slots.Peer) -> Answer:
         if not target.split("?", 1)[0].startswith("/api/"):
             return 404, b"not found\n", TEXT, {}
-        r = self.api.handle(method, target, headers)
+        r = self.api.handle(method, target, headers, peer)
         return r.code, r.body, r.content_type, r.headers

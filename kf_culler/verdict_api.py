@@ -7,7 +7,9 @@
 
 The caller presents a ServiceAccount token for the audience kf-culler (`Authorization: Bearer ...`); a
 TokenReview names its namespace, and only that namespace can be read. Order of checks: method (405), route
-(404), token (401), namespace (403), then the notebook (404). Nothing here writes.
+(404), token (401; 429 when the caller's address sent too many refused tokens), namespace (403), a slot of the
+namespace's (429 while its callers hold all of them: kf_culler/slots.py), then the notebook (404). Nothing
+here writes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-from kf_culler.kube.tokens import ReviewUnavailable, TokenReviewer
+from kf_culler.kube.tokens import ReviewThrottled, ReviewUnavailable, TokenReviewer
+from kf_culler.slots import Peer
 from kf_culler.timeutil import format_time
 from kf_culler.verdicts import VerdictStore
 
@@ -57,7 +60,8 @@ class VerdictApi:
         self.store = store
         self.reviewer = reviewer
 
-    def handle(self, method: str, target: str, headers: Mapping[str, str]) -> Response:
+    def handle(self, method: str, target: str, headers: Mapping[str, str], peer: Peer | None = None) -> Response:
+        """The answer to one request; `peer`: its connection (the caller's address, its namespace's slots)."""
         path, _, query = target.partition("?")
         if method not in ("GET", "HEAD"):
             return _status(405, "MethodNotAllowed", "read-only: only GET and HEAD", Allow="GET, HEAD")
@@ -70,7 +74,9 @@ class VerdictApi:
             return _status(401, "Unauthorized", "a ServiceAccount token is required (Authorization: Bearer)",
                            **{"WWW-Authenticate": 'Bearer realm="kf-culler"'})
         try:
-            who = self.reviewer.review(token.strip())
+            who = self.reviewer.review(token.strip(), peer.client if peer else "")
+        except ReviewThrottled as err:
+            return _status(429, "TooManyRequests", str(err), **{"Retry-After": "15"})
         except ReviewUnavailable as err:
             log.warning("verdict API: %s", err)
             return _status(503, "ServiceUnavailable", "the token cannot be checked now", **{"Retry-After": "5"})
@@ -80,6 +86,9 @@ class VerdictApi:
         namespace = (one or many).group(1)  # type: ignore[union-attr]
         if who.namespace != namespace:
             return _status(403, "Forbidden", f"{who.username} may read notebooks of its own namespace only")
+        if peer is not None and not peer.claim(namespace):
+            return _status(429, "TooManyRequests", f"namespace {namespace} holds all of its connections now",
+                           **{"Retry-After": "1"})
         if self.store.passes == 0:
             return _status(503, "ServiceUnavailable", "no pass has completed yet", **{"Retry-After": "10"})
         if one:

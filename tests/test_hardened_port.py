@@ -1,8 +1,11 @@
 """The culler's HTTP port under a hostile tenant: half-open connections cost bounded threads and end by
-themselves; garbage bearer tokens cost no TokenReview; TokenReviews at once are bounded."""
+themselves; many pods holding connections leave another namespace's caller answered; garbage bearer tokens
+cost no TokenReview; TokenReviews at once are bounded."""
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
 import threading
 import time
@@ -13,6 +16,7 @@ from typing import Any
 import pytest
 
 from kf_culler import metrics as metrics_module
+from kf_culler import slots as slots_module
 from kf_culler.kube import tokens
 from kf_culler.kube.tokens import ReviewUnavailable, TokenReviewer
 from kf_culler.metrics import ApiServer, HealthServer, Metrics
@@ -26,6 +30,34 @@ def test_tokens_that_are_not_jwts_cost_no_token_review() -> None:
                     "aaaaaaaa.bbbbbbbb.cccccccc" + "d" * tokens.MAX_TOKEN_BYTES):
         assert not reviewer.review(garbage).authenticated
     assert reviewer.reviews == 0 and reviewer.refused_unasked == 8
+
+
+def _b64(doc: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(doc).encode()).rstrip(b"=").decode()
+
+
+def forged(i: int, aud: Any = (tokens.AUDIENCE,), exp: float | None = None, alg: str = "RS256",
+           sub: str = "system:serviceaccount:team:default-editor") -> str:
+    """A token shaped and claimed like a ServiceAccount token for kf-culler, signed by nobody."""
+    claims = {"aud": list(aud) if isinstance(aud, tuple) else aud, "sub": sub, "jti": f"{i:08d}",
+              "exp": int(time.time() + 3600) if exp is None else exp, "iss": "https://kubernetes.default.svc"}
+    return f"{_b64({'alg': alg, 'kid': 'k1'})}.{_b64(claims)}.{'s' * 86}"
+
+
+def test_tokens_whose_claims_cannot_be_ours_cost_no_token_review() -> None:
+    """Read without its signature, a token for another audience, expired, unsigned (`alg: none`), without an
+    expiry or not a ServiceAccount's is refused without asking the API server (there is none here: any
+    TokenReview would fail)."""
+    reviewer = TokenReviewer(api_client=None)
+    bad = [forged(1, aud=("https://kubernetes.default.svc",)), forged(2, aud="other"), forged(3, aud=[]),
+           forged(4, exp=time.time() - 3600), forged(5, alg="none"), forged(6, exp="never"),  # type: ignore[arg-type]
+           forged(7, sub="alice@example.com"), forged(8, aud=None),
+           "eyJhbGciOiJSUzI1NiJ9." + "A" * 40 + "." + "s" * 40]  # a payload that is not JSON
+    for token in bad:
+        ident = reviewer.review(token, "10.0.0.1")
+        assert not ident.authenticated and ident.error, token
+    assert reviewer.reviews == 0 and reviewer.refused_unasked == len(bad)
+    assert tokens.unverified_problem(forged(9), tokens.AUDIENCE, time.time()) is None  # only a review may accept
 
 
 def test_token_reviews_at_once_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,7 +81,7 @@ def test_token_reviews_at_once_are_bounded(monkeypatch: pytest.MonkeyPatch) -> N
 
     def call(i: int) -> None:
         try:
-            reviewer.review(f"aaaaaaaa.bbbbbbbb.{i:08d}")
+            reviewer.review(forged(i), f"10.0.0.{i}")
             outcomes.append("answered")
         except ReviewUnavailable:
             outcomes.append("busy")
@@ -98,7 +130,7 @@ def test_half_open_connections_from_one_pod_leave_the_probes_their_slots(monkeyp
 def test_a_trickling_connection_ends_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """A slow client that sends a byte before every read timeout is cut at the connection's deadline."""
     monkeypatch.setattr(metrics_module, "CONNECTION_TIMEOUT_SECONDS", 1.0)
-    monkeypatch.setattr(metrics_module, "CONNECTION_DEADLINE_SECONDS", 2.0)
+    monkeypatch.setattr(slots_module, "CONNECTION_DEADLINE_SECONDS", 2.0)
     server = HealthServer("127.0.0.1:0", Metrics(), lambda: (True, "ready"))
     server.start()
     s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
@@ -148,11 +180,13 @@ def test_thousands_of_idle_connections_on_both_ports_leave_liveness_and_metrics_
             s.connect(("127.0.0.1", verdicts.port if i < 2000 else health.port))
             held.append(s)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (verdicts.server.refused and health.server.refused):
+        turned_away = [lambda: verdicts.server.refused + verdicts.server.slots.evicted,
+                       lambda: health.server.refused + health.server.slots.evicted]
+        while time.monotonic() < deadline and not all(n() for n in turned_away):
             time.sleep(0.05)
-        # Each server's thread count is capped (a connection's thread and its deadline timer).
-        assert threading.active_count() - before <= 2 + 2 * 2 * metrics_module.MAX_CONNECTIONS
-        assert verdicts.server.refused > 0 and health.server.refused > 0
+        # Each server's thread count is capped (a connection's thread; the servers' reapers).
+        assert threading.active_count() - before <= 4 + 2 * metrics_module.MAX_CONNECTIONS
+        assert all(n() > 0 for n in turned_away)  # closed at once, or cut for a newcomer
         for who, path in (("127.0.0.1", "/healthz"), ("127.0.0.1", "/readyz"), ("127.0.0.1", "/metrics")):
             s = socket.create_connection(("127.0.0.1", health.port), timeout=5, source_address=(who, 0))
             s.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())

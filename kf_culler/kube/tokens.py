@@ -5,13 +5,28 @@ ServiceAccount token with `audience: kf-culler`) is accepted, so a pod's default
 workload holding it may forward to any service, never reads a verdict.
 
 Only ServiceAccount identities (`system:serviceaccount:<namespace>:<name>`) carry a namespace; any
-other authenticated user has none. A token the API server rejects is cached for a shorter time than
-one it accepts; an API server that cannot be asked is an error, never a verdict, and is not cached.
+other authenticated user has none. An API server that cannot be asked is an error, never a verdict, and is
+not cached.
+
+What a TokenReview costs is bounded, whatever callers send:
+- A token is read first without its signature (nothing is accepted on that reading: acceptance is the
+  TokenReview's): one that is not a JWT whose header names an algorithm and whose claims name a
+  ServiceAccount (`sub`), the audience kf-culler (`aud`) and an expiry still ahead (`exp`) is refused
+  without a TokenReview.
+- Answers are cached apart: accepted tokens in one cache, refused ones in another, so refused tokens, however
+  many, never push an accepted one out.
+- Each caller's address has a small budget of refused TokenReviews (REFUSED_REVIEWS_BURST, one more every
+  REFUSED_REVIEW_REFILL_SECONDS); an address that spent it gets ReviewThrottled (429) without a TokenReview
+  until it refills. An accepted token costs nothing from the budget.
+- At most MAX_REVIEWS_IN_FLIGHT TokenReviews run at once.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import json
 import re
 import threading
 import time
@@ -29,6 +44,14 @@ MAX_TOKEN_BYTES = 8 * 1024  # a ServiceAccount token (a JWT) is 1-2 KiB
 JWT = re.compile(r"^[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}$")
 MAX_REVIEWS_IN_FLIGHT = 4  # TokenReviews at once: garbage tokens cannot crowd the culler's own API requests
 REVIEW_WAIT_SECONDS = 2.0  # how long a caller waits for a slot before "busy"
+REFUSED_REVIEWS_BURST = 4  # TokenReviews that may answer "no" for one address before it must wait
+REFUSED_REVIEW_REFILL_SECONDS = 15.0  # and then one more per this many seconds
+MAX_ADDRESSES = 4096  # addresses whose budget is remembered (a full budget needs no entry)
+CLOCK_SKEW_SECONDS = 60  # a token's `exp` may be this far behind the culler's clock
+
+
+class ReviewThrottled(ReviewUnavailable):
+    """The caller's address spent its budget of refused TokenReviews: no TokenReview now."""
 
 
 @dataclass(frozen=True)
@@ -48,47 +71,134 @@ def identity_from(username: str) -> Identity:
     return Identity(True, username)
 
 
+def _segment(part: str) -> Any:
+    """One JWT segment's JSON, or None."""
+    try:
+        return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+
+
+def unverified_problem(token: str, audience: str, now: float) -> str | None:
+    """Why the token cannot be a ServiceAccount token for `audience` valid at `now` (seconds since the epoch),
+    read without checking its signature; None when it may be one (only a TokenReview can say it is)."""
+    if not token or len(token) > MAX_TOKEN_BYTES or not JWT.match(token):
+        return "no usable token"
+    head, claims, _sig = token.split(".")
+    header, payload = _segment(head), _segment(claims)
+    if not isinstance(header, dict) or not isinstance(header.get("alg"), str) or header["alg"].lower() == "none":
+        return "not a signed JWT"
+    if not isinstance(payload, dict):
+        return "not a JWT"
+    aud = payload.get("aud")
+    if audience not in ([aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []):
+        return f"token not minted for the audience {audience}"
+    exp = payload.get("exp")
+    if isinstance(exp, bool) or not isinstance(exp, int | float) or exp + CLOCK_SKEW_SECONDS <= now:
+        return "token expired (or without an expiry)"
+    sub = payload.get("sub")
+    if not isinstance(sub, str) or not sub.startswith(SA_PREFIX):
+        return "not a ServiceAccount token"
+    return None
+
+
+class _Cache:
+    """Answers by token hash until their expiry, the oldest dropped past `max_entries`."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.entries: OrderedDict[str, tuple[float, Identity]] = OrderedDict()
+
+    def get(self, key: str, now: float) -> Identity | None:
+        hit = self.entries.get(key)
+        return hit[1] if hit is not None and hit[0] > now else None
+
+    def put(self, key: str, until: float, ident: Identity) -> None:
+        self.entries[key] = (until, ident)
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.max_entries:
+            self.entries.popitem(last=False)
+
+
 class TokenReviewer:
-    """`review(token)` -> Identity, asking the API server at most once per token per `ttl` seconds."""
+    """`review(token, client)` -> Identity, asking the API server at most once per token per `ttl` seconds."""
 
     def __init__(self, api_client: Any, audience: str = AUDIENCE, ttl: float = 10.0, negative_ttl: float = 30.0,
-                 max_entries: int = 4096, timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_entries: int = 4096, timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self.api_client = api_client
         self.audience = audience
         self.ttl, self.negative_ttl, self.max_entries, self.timeout = ttl, negative_ttl, max_entries, timeout
-        self.clock = clock
+        self.clock, self.wall = clock, wall
         self.reviews = 0  # TokenReviews sent (for tests and curiosity)
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, tuple[float, Identity]] = OrderedDict()
+        self._accepted, self._refused = _Cache(max_entries), _Cache(max_entries)
+        self._budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # address -> (tokens, at)
         self._slots = threading.BoundedSemaphore(MAX_REVIEWS_IN_FLIGHT)
-        self.refused_unasked = 0  # tokens refused for their shape, without a TokenReview
+        self.refused_unasked = 0  # tokens refused for their shape or claims, without a TokenReview
+        self.throttled = 0  # tokens refused without a TokenReview: their address spent its budget
 
-    def review(self, token: str) -> Identity:
-        """The caller's identity. A token that is not a JWT of sane size is refused without asking the API
-        server; a negative answer is cached (`negative_ttl`) like a positive one; at most
+    def review(self, token: str, client: str = "") -> Identity:
+        """The caller's identity (`client`: its address). A token that cannot be a ServiceAccount token for the
+        audience is refused without asking the API server; answers are cached, accepted and refused apart; an
+        address that spent its budget of refused TokenReviews gets ReviewThrottled (429); at most
         MAX_REVIEWS_IN_FLIGHT TokenReviews run at once, and a caller that cannot get a slot within
         REVIEW_WAIT_SECONDS gets ReviewUnavailable (503), not a queue of TokenReviews."""
-        if not token or len(token) > MAX_TOKEN_BYTES or not JWT.match(token):
+        problem = unverified_problem(token, self.audience, self.wall())
+        if problem is not None:
             self.refused_unasked += 1
-            return Identity(False, error="no usable token")
+            return Identity(False, error=problem)
         key = hashlib.sha256(token.encode()).hexdigest()  # the token itself is never kept
         now = self.clock()
         with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None and hit[0] > now:
-                return hit[1]
+            hit = self._accepted.get(key, now) or self._refused.get(key, now)
+            if hit is not None:
+                return hit
+            if not self._spend(client, now):
+                self.throttled += 1
+                raise ReviewThrottled(f"too many refused tokens from {client or 'this caller'}: try later")
         if not self._slots.acquire(timeout=REVIEW_WAIT_SECONDS):
+            self._refund(client)
             raise ReviewUnavailable("TokenReview busy: too many callers at once")
         try:
             ident = self._ask(token)
+        except ReviewUnavailable:
+            self._refund(client)
+            raise
         finally:
             self._slots.release()
         with self._lock:
-            self._cache[key] = (now + (self.ttl if ident.authenticated else self.negative_ttl), ident)
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.max_entries:
-                self._cache.popitem(last=False)
+            if ident.authenticated:
+                self._accepted.put(key, now + self.ttl, ident)
+            else:
+                self._refused.put(key, now + self.negative_ttl, ident)
+        if ident.authenticated:
+            self._refund(client)
         return ident
+
+    def _spend(self, client: str, now: float) -> bool:
+        """Take one refused review from the address's budget (under the lock); False when it has none left."""
+        tokens, at = self._budgets.pop(client, (float(REFUSED_REVIEWS_BURST), now))
+        tokens = min(float(REFUSED_REVIEWS_BURST), tokens + (now - at) / REFUSED_REVIEW_REFILL_SECONDS)
+        ok = tokens >= 1.0
+        if ok:
+            tokens -= 1.0
+        if tokens < REFUSED_REVIEWS_BURST:
+            self._budgets[client] = (tokens, now)
+            while len(self._budgets) > MAX_ADDRESSES:
+                self._budgets.popitem(last=False)
+        return ok
+
+    def _refund(self, client: str) -> None:
+        """Give back what `_spend` took: the review was accepted, or never answered."""
+        with self._lock:
+            found = self._budgets.get(client)
+            if found is not None:
+                tokens = min(float(REFUSED_REVIEWS_BURST), found[0] + 1.0)
+                if tokens >= REFUSED_REVIEWS_BURST:
+                    del self._budgets[client]
+                else:
+                    self._budgets[client] = (tokens, found[1])
 
     def _ask(self, token: str) -> Identity:
         from kubernetes import client
