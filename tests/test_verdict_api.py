@@ -9,7 +9,9 @@ for the API server's own audience reads nothing.
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -19,12 +21,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.target import KubeTarget
+from test_hardened_port import forged
 from test_rbac import apply, rbac_objects
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube import POD_LABEL
-from kf_culler.kube.tokens import AUDIENCE, ReviewUnavailable, TokenReviewer
+from kf_culler.kube.tokens import AUDIENCE, REFUSED_REVIEWS_BURST, ReviewUnavailable, TokenReviewer
 from kf_culler.local import objects as obj
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
@@ -32,6 +35,7 @@ from kf_culler.metrics import ApiServer, Metrics
 from kf_culler.model import Verdict
 from kf_culler.runner import Runner
 from kf_culler.service import instrument
+from kf_culler.slots import Peer
 from kf_culler.verdict_api import MAX_LIST_BYTES, MAX_LIST_ITEMS, VerdictApi
 from kf_culler.verdicts import MAX_ENTRY_BYTES, VerdictStore
 
@@ -221,7 +225,7 @@ def test_token_review_needs_the_shipped_rule(kube: KubeTarget, api: Any, namespa
     """Without the ClusterRole's tokenreviews rule the API server refuses the review: the API answers 503."""
     nobody = kube.api_client(kube.service_account_kubeconfig(namespace, "nobody"))
     token = str(client.CoreV1Api(api).create_namespaced_service_account_token(
-        "nobody", namespace, {"spec": {"expirationSeconds": 600}}).status.token)
+        "nobody", namespace, {"spec": {"audiences": [AUDIENCE], "expirationSeconds": 600}}).status.token)
     with pytest.raises(ReviewUnavailable, match="HTTP 403"):
         TokenReviewer(nobody).review(token)
     store = VerdictStore()
@@ -231,12 +235,50 @@ def test_token_review_needs_the_shipped_rule(kube: KubeTarget, api: Any, namespa
     assert r.code == 503
 
 
+@pytest.mark.cluster
+def test_garbage_tokens_cost_a_bounded_number_of_token_reviews(api: Any, namespace: str) -> None:
+    """1,000 bad tokens through the verdict API from 10 addresses, on the real API server: 500 JWT-shaped
+    garbage, 500 forged with kf-culler's claims (audience, expiry, a ServiceAccount) but signed by nobody. The
+    API server is asked at most REFUSED_REVIEWS_BURST times per address (the clock stands still: no budget
+    refills), each bad token is answered 401 or 429, and a good token reviewed before stays cached (it is not
+    reviewed again), though each cache holds only 256 entries."""
+    core = client.CoreV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": EDITOR}})
+    good = str(core.create_namespaced_service_account_token(EDITOR, namespace, {"spec": {
+        "audiences": [AUDIENCE], "expirationSeconds": 3600}}).status.token)
+    now = datetime.now(UTC)
+    store = VerdictStore()
+    store.update(CycleResult(now, now, 0.0, [NotebookResult(namespace, "nb", "jupyter", 0,
+                                                            Verdict("keep", "active", "works", "9-active"), {})]))
+    reviewer = TokenReviewer(api, max_entries=256, clock=lambda: 1000.0)
+    verdicts = VerdictApi(store, reviewer)
+    path = f"/api/v1/namespaces/{namespace}/notebooks/nb"
+
+    def get(token: str, source: str) -> int:
+        return verdicts.handle("GET", path, {"Authorization": f"Bearer {token}"}, Peer(source)).code
+
+    assert get(good, "10.9.0.1") == 200 and reviewer.reviews == 1
+    codes: dict[int, int] = {}
+    for i in range(1000):
+        if i % 2:
+            token = forged(i, sub=f"system:serviceaccount:{namespace}:{EDITOR}")
+        else:
+            token = ".".join(base64.urlsafe_b64encode(os.urandom(n)).rstrip(b"=").decode() for n in (30, 200, 256))
+        code = get(token, f"10.9.1.{i % 10}")
+        codes[code] = codes.get(code, 0) + 1
+    assert set(codes) <= {401, 429} and codes.get(429), codes
+    assert 1 <= reviewer.reviews - 1 <= 10 * REFUSED_REVIEWS_BURST, reviewer.reviews
+    seen = reviewer.reviews
+    assert get(good, "10.9.0.1") == 200 and reviewer.reviews == seen  # still cached
+    assert get(good, "10.9.1.0") == 200  # an address out of budget still reads with a good, cached token
+
+
 class Trusting:
     """A reviewer that accepts the token "ns:<namespace>" (for the size tests, which need no cluster)."""
 
     reviews = 0
 
-    def review(self, token: str) -> Any:
+    def review(self, token: str, client: str = "") -> Any:
         from kf_culler.kube.tokens import Identity, identity_from
 
         if token.startswith("ns:"):
