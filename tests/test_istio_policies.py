@@ -257,6 +257,45 @@ def test_kept_where_notebooks_are_and_nowhere_else(api: Any, namespace: str, aut
 
 
 @pytest.mark.cluster
+def test_never_where_it_would_deny_other_traffic(api: Any, namespace: str, authz_crd: None) -> None:
+    """Ours would make every other request to the namespace's workloads a denial where no other ALLOW policy
+    applies to them: there it is not created. Neither a policy with a selector (it guards some workloads
+    only), nor a DENY, nor a kf-culler-probes applied by hand counts; a selector-less ALLOW someone else owns
+    does (ours is then created), and once that one is gone, ours goes too.
+
+    Policies are not enforced without Istio (there is none here): this asserts which objects exist and their
+    shape, not what a proxy would do with them."""
+    bare, other_kinds = namespaces(api, namespace, "bare", "other-kinds")
+    custom = client.CustomObjectsApi(api)
+    for ns in (bare, other_kinds):
+        obj.create_notebook(api, ns, obj.notebook("nb"))
+    selected = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AuthorizationPolicy",
+                "metadata": {"name": "db-only"},
+                "spec": {"selector": {"matchLabels": {"app": "db"}}, "action": "ALLOW", "rules": [{}]}}
+    deny = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AuthorizationPolicy", "metadata": {"name": "deny-some"},
+            "spec": {"action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/admin"]}}]}]}}
+    for body in (selected, deny):
+        custom.create_namespaced_custom_object(GROUP, VERSION, other_kinds, PLURAL, body)
+    keeper = PolicyKeeper.for_settings(settings_for([bare, other_kinds]), api)
+    wanted = {bare, other_kinds}
+    result = keeper.reconcile(wanted)
+    assert (result.created, result.errors) == ([], [])
+    assert policies(api, bare) == {} and set(policies(api, other_kinds)) == {"db-only", "deny-some"}
+    assert keeper.access_problem(bare) is None  # nothing keeps the probes out there
+
+    owner = foreign(api, bare, "ns-owner-access-istio")
+    assert keeper.reconcile(wanted).created == [bare]
+    ours = policies(api, bare)[NAME]
+    assert ours["spec"] == istio.policy_spec(PRINCIPAL) and "selector" not in ours["spec"]
+    assert policies(api, other_kinds).keys() == {"db-only", "deny-some"}
+
+    custom.delete_namespaced_custom_object(GROUP, "v1beta1", bare, PLURAL, owner["metadata"]["name"])
+    result = keeper.reconcile(wanted)
+    assert (result.deleted, result.errors) == ([bare], [])
+    assert policies(api, bare) == {}
+
+
+@pytest.mark.cluster
 def test_excluded_namespaces_are_left_alone(api: Any, namespace: str, authz_crd: None) -> None:
     """Ours in a namespace the culler no longer looks at stays; ours in a looked-at one without notebooks goes.
     (`owns` keeps this cluster-wide reconcile to the test's namespaces.)"""
@@ -323,6 +362,7 @@ def test_as_the_service_account(kube: KubeTarget, api: Any, namespace: str, auth
     apply(api, culler_rbac(render_with_component(tmp_path), culler_ns, f"-{namespace}", with_component))
     sa_api = kube.api_client(kube.service_account_kubeconfig(culler_ns, "kf-culler"))
     obj.create_notebook(api, work, obj.notebook("nb"))
+    foreign(api, work, "ns-owner-access-istio")  # as in a Kubeflow profile's namespace
     runner = Runner(settings_for([work]), sa_api, records_namespace=culler_ns)  # exactly the culler's identity
     with runner:
         result = runner.once()  # never raises, whatever the API server answers
@@ -333,7 +373,7 @@ def test_as_the_service_account(kube: KubeTarget, api: Any, namespace: str, auth
         assert (last.created, last.errors) == ([work], [])
         assert policies(api, work)[NAME]["spec"] == istio.policy_spec(PRINCIPAL)
     else:
-        assert last.writes == 0 and policies(api, work) == {}
+        assert last.writes == 0 and NAME not in policies(api, work)
         (error,) = last.errors
         assert error.startswith(f"list {PLURAL}.{GROUP}: HTTP 403 Forbidden")
         assert "kustomize/components/istio-policies" in error
@@ -354,6 +394,7 @@ def test_a_policy_the_culler_cannot_put_in_place_is_a_confirmed_access_problem(
     sa_api = kube.api_client(kube.service_account_kubeconfig(culler_ns, "kf-culler"))
     obj.create_notebook(api, work, obj.notebook("nb", gpus=1))
     obj.running_pod(api, work, "nb", datetime.now(UTC) - timedelta(hours=3), gpus=1)
+    foreign(api, work, "ns-owner-access-istio")  # as in a Kubeflow profile's namespace
     time.sleep(1)
     runner = Runner(settings_for([work]), sa_api, records_namespace=culler_ns)
     with runner:

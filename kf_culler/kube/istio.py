@@ -7,9 +7,18 @@ paths on port 8888, from the culler's principal only. It carries the label
 `app.kubernetes.io/managed-by: kf-culler`, and only a policy with that label is ever updated or deleted:
 one applied by hand (or by anyone else) under the same name is left as it is and reported as foreign.
 
-One reconcile: one list request (`metadata.name=kf-culler-probes`, cluster-wide, or per namespace when
-`namespaces.include` is set), then a create where ours is missing, an update where its spec was edited, and
-a delete (with the uid and resourceVersion it was read with as preconditions) where no notebooks are left.
+Ours has no selector (Istio selects by exact label values, and no label with a fixed value is on every notebook
+pod), and an ALLOW policy turns every other request to the workloads it applies to into a denial. So ours is
+kept only where that has already happened: in a namespace that holds another ALLOW policy without a selector
+(Kubeflow's profile controller writes `ns-owner-access-istio`), or everywhere when the mesh's root namespace
+ROOT_NAMESPACE holds one. There it only adds the probes; elsewhere nothing denies the probes, ours is not
+needed, and it is never created (one of ours found there is deleted): it never changes a namespace's other
+traffic.
+
+One reconcile: one list request of AuthorizationPolicies (cluster-wide, or per namespace when
+`namespaces.include` is set, and the root namespace's), then a create where ours is missing, an update where
+its spec was edited, and a delete (with the uid and resourceVersion it was read with as preconditions) where
+no notebooks are left or no other ALLOW policy guards the namespace.
 Every failure is reported in the result and logged, never raised: without the rights of
 kustomize/components/istio-policies the API server answers 403, and the pass goes on.
 """
@@ -35,6 +44,7 @@ LABELS = {
     "app.kubernetes.io/part-of": "kubeflow",
     MANAGED_BY: OWNER,
 }
+ROOT_NAMESPACE = "istio-system"  # Istio's root namespace: its selector-less policies apply to every namespace
 PROBE_PORT = "8888"  # the notebook container's port (Kubeflow's notebook-controller)
 PROBE_PATHS = (
     "/notebook/{*}/{*}/api/status",
@@ -67,6 +77,15 @@ def policy(namespace: str, principal: str) -> dict[str, Any]:
 
 def is_ours(obj: dict[str, Any]) -> bool:
     return ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY) == OWNER
+
+
+def allows_all_selected(obj: dict[str, Any]) -> bool:
+    """An ALLOW policy without a selector, not ours: every workload of its namespace is already deny-by-default."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict) or is_ours(obj) or (obj.get("metadata") or {}).get("name") == NAME:
+        return False
+    return spec.get("action", "ALLOW") == "ALLOW" and not spec.get("selector") and not spec.get("targetRef") \
+        and not spec.get("targetRefs")
 
 
 def namespaces_with_notebooks(snapshot: Iterable[tuple[dict[str, Any], Any]], scope: Namespaces) -> set[str]:
@@ -148,20 +167,22 @@ class PolicyKeeper:
             return None
         return self.reconcile(namespaces_with_notebooks(snapshot, self.scope), owns)
 
-    def _existing(self) -> dict[str, dict[str, Any]]:
-        selector = f"metadata.name={NAME}"
+    def _existing(self) -> tuple[dict[str, dict[str, Any]], set[str] | None]:
+        """(kf-culler-probes by namespace, the namespaces another ALLOW policy without a selector guards; None:
+        all of them, by one in the root namespace)."""
         if self.scope.include:
             items: list[Any] = []
-            for ns in self.scope.include:
-                if self.scope.selects(ns):
+            for ns in sorted({*self.scope.include, ROOT_NAMESPACE}):
+                if self.scope.selects(ns) or ns == ROOT_NAMESPACE:
                     items += self.custom.list_namespaced_custom_object(
-                        GROUP, VERSION, ns, PLURAL, field_selector=selector,
-                        _request_timeout=REQUEST_TIMEOUT).get("items") or []
+                        GROUP, VERSION, ns, PLURAL, _request_timeout=REQUEST_TIMEOUT).get("items") or []
         else:
             items = self.custom.list_cluster_custom_object(
-                GROUP, VERSION, PLURAL, field_selector=selector, _request_timeout=REQUEST_TIMEOUT).get("items") or []
-        return {str(o["metadata"]["namespace"]): o for o in items
-                if isinstance(o, dict) and (o.get("metadata") or {}).get("name") == NAME}
+                GROUP, VERSION, PLURAL, _request_timeout=REQUEST_TIMEOUT).get("items") or []
+        found = [o for o in items if isinstance(o, dict) and isinstance(o.get("metadata"), dict)]
+        guarded = {str(o["metadata"].get("namespace")) for o in found if allows_all_selected(o)}
+        ours = {str(o["metadata"]["namespace"]): o for o in found if o["metadata"].get("name") == NAME}
+        return ours, (None if ROOT_NAMESPACE in guarded else guarded)
 
     def reconcile(self, wanted: set[str], owns: Callable[[str], bool] = lambda _ns: True) -> ReconcileResult:
         """Make kf-culler-probes exist (as ours, with our spec) exactly in `wanted`, touching only ours, and only
@@ -171,10 +192,12 @@ class PolicyKeeper:
         self.reconciles += 1
         result = ReconcileResult()
         try:
-            existing = self._existing()
+            existing, guarded = self._existing()
         except Exception as err:  # 403 without the component's RBAC, 404 without Istio, the API server away
             result.errors.append(_api_error(err, f"list {PLURAL}.{GROUP}"))
             return self._done(result)
+        if guarded is not None:  # where nothing else is ALLOWed, ours would deny the rest: not there
+            wanted = wanted & guarded
         spec = policy_spec(self.settings.principal)
         for ns in sorted(wanted | set(existing)):
             if not (self.scope.selects(ns) and owns(ns)):  # outside the culler's namespaces: not its business
