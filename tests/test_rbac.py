@@ -94,6 +94,15 @@ def writes_bounded(sa_api: Any, namespace: str, notebook: str, timeout: float = 
         time.sleep(0.5)
 
 
+def refusal(call: Any) -> tuple[int, str]:
+    """The HTTP status of an API call and the API server's message (200 and "" when it went through)."""
+    try:
+        call()
+    except ApiException as err:
+        return int(err.status), str((yaml.safe_load(err.body) or {}).get("message", "")) if err.body else ""
+    return 200, ""
+
+
 def forbidden(call: Any) -> int:
     try:
         call()
@@ -333,7 +342,7 @@ def apply_workspace_crd(api: Any) -> None:
     wait_established(ext, list(CRD_NAMES), 60, "the Workspace CRDs")
 
 
-def sessions(api: Any, namespace: str) -> dict[str, dict[str, Any]]:
+def sessions(api: Any, namespace: str) -> None:
     """One session of each kind the culler stops, running: a Notebook, a Workspace, a Deployment, a
     StatefulSet (on an API-server-only cluster no controller acts on them: they are the objects the culler
     patches)."""
@@ -350,10 +359,6 @@ def sessions(api: Any, namespace: str) -> dict[str, dict[str, Any]]:
         "replicas": 1, "selector": {"matchLabels": labels}, "template": template}})
     apps.create_namespaced_stateful_set(namespace, {"metadata": {"name": "sts"}, "spec": {
         "replicas": 2, "serviceName": "sts", "selector": {"matchLabels": labels}, "template": template}})
-    return {"Notebook": obj.get_notebook(api, namespace, "nb"),
-            "Workspace": custom.get_namespaced_custom_object("kubeflow.org", "v1beta1", namespace, "workspaces", "ws"),
-            "Deployment": custom.get_namespaced_custom_object("apps", "v1", namespace, "deployments", "dep"),
-            "StatefulSet": custom.get_namespaced_custom_object("apps", "v1", namespace, "statefulsets", "sts")}
 
 
 def test_the_cullers_writes_are_its_marks_and_its_stops_and_nothing_more(kube: KubeTarget, api: Any, namespace: str,
@@ -401,8 +406,9 @@ def test_the_cullers_writes_are_its_marks_and_its_stops_and_nothing_more(kube: K
 
     names = {"Notebook": "nb", "Workspace": "ws", "Deployment": "dep", "StatefulSet": "sts"}
     with bounded_writes(api, objs):
-        before = sessions(api, namespace)
+        sessions(api, namespace)
         writes_bounded(sa_api, namespace, "nb")
+        before = {kind: read(kind) for kind in names}  # a probe label may have landed before the policy was in force
         # RBAC lets the culler make each patch below: the same label patch lands where the policy is not bound.
         elsewhere = f"nb-{namespace}"
         obj.create_notebook(api, WRITES_NS, obj.notebook(elsewhere))
@@ -492,3 +498,29 @@ def test_the_cullers_writes_are_its_marks_and_its_stops_and_nothing_more(kube: K
         assert patch("Workspace", {"spec": {"paused": False}}) == 403  # never unpauses
         for kind in ("Deployment", "StatefulSet"):
             assert patch(kind, {"spec": {"replicas": 1}}) == 403  # never scales up
+        # The /scale subresource, if an admin grants it: to 0 only; no other subresource (status).
+        rbac = client.RbacAuthorizationV1Api(api)
+        extra = f"kf-culler-scale-{WRITES_NS}"
+        rbac.create_namespaced_role(namespace, {"metadata": {"name": extra}, "rules": [{
+            "apiGroups": ["apps"], "resources": ["deployments/scale", "statefulsets/scale", "deployments/status"],
+            "verbs": ["get", "patch", "update"]}]})
+        rbac.create_namespaced_role_binding(namespace, {
+            "metadata": {"name": extra},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": extra},
+            "subjects": [{"kind": "ServiceAccount", "name": "kf-culler", "namespace": WRITES_NS}]})
+        sa_apps = client.AppsV1Api(sa_api)
+        client.AppsV1Api(api).patch_namespaced_deployment_scale("dep", namespace, {"spec": {"replicas": 2}})
+        deadline = time.monotonic() + 30
+        while "kf-culler-writes" not in (got := refusal(lambda: sa_apps.patch_namespaced_deployment_scale(
+                "dep", namespace, {"spec": {"replicas": 3}})))[1]:  # until RBAC grants it: then the policy refuses
+            assert got[0] == 403 and time.monotonic() < deadline, got
+            time.sleep(0.5)
+        assert got[0] == 403 and "kf-culler writes no deployments/scale but a scale to 0" in got[1], got
+        got = refusal(lambda: sa_apps.patch_namespaced_stateful_set_scale("sts", namespace, {"spec": {"replicas": 4}}))
+        assert got[0] == 403 and "kf-culler-writes" in got[1], got
+        got = refusal(lambda: sa_apps.patch_namespaced_deployment_status(
+            "dep", namespace, {"status": {"observedGeneration": 99}}))
+        assert got[0] == 403 and "kf-culler writes no deployments/status" in got[1], got
+        assert refusal(lambda: sa_apps.patch_namespaced_deployment_scale(
+            "dep", namespace, {"spec": {"replicas": 0}})) == (200, "")
+        assert client.AppsV1Api(api).read_namespaced_deployment("dep", namespace).spec.replicas == 0
