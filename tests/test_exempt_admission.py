@@ -58,6 +58,7 @@ EXEMPT_REFUSAL = ("only cluster admins may set, change or remove notebook-culler
 MARKS_REFUSAL = "only kf-culler writes its marks on a Notebook ({}); you may remove them, not add or change them"
 POD_LABELS_REFUSAL = ("the labels statefulset and notebook-name of a notebook pod are Kubeflow's; they may not be "
                       "changed, added or removed (pod {})")
+WRITES = "kf-culler-writes"  # the base's, in the overlay (tests/test_rbac.py)
 POLICIES = ("kf-culler-exempt", "kf-culler-keep-until", "kf-culler-marks", "kf-culler-server-type",
             "kf-culler-notebook-name", "kf-culler-pod-labels")
 
@@ -167,8 +168,10 @@ def admission(kube: KubeTarget, api: Any, namespace: str, tmp_path: Path) -> Ite
     # and to the admin group.
     # ...and with pods (kubeflow-kubernetes-edit).
     verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
+    # ...and with Workspaces and plain workloads (kubeflow-edit aggregates edit: deployments, statefulsets).
     rbac.create_namespaced_role(namespace, {"metadata": {"name": "notebooks-edit"}, "rules": [
-        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": verbs},
+        {"apiGroups": [GROUP], "resources": [PLURAL, "workspaces"], "verbs": verbs},
+        {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"], "verbs": verbs},
         {"apiGroups": [""], "resources": ["pods"], "verbs": verbs}]})
     rbac.create_namespaced_role_binding(namespace, {
         "metadata": {"name": "notebooks-edit"},
@@ -288,9 +291,10 @@ def test_the_cullers_own_writes_pass(kube: KubeTarget, api: Any, namespace: str,
     got = obj.get_notebook(api, namespace, "nb")["metadata"]["annotations"]
     assert got[STATE_ANNOTATION] == "stopped" and got[TRACE_ANNOTATION] == marks[TRACE_ANNOTATION]
     assert RESTARTED_AT_ANNOTATION not in got
-    # ...but its ServiceAccount is no admin: it cannot grant or take away an exemption either.
+    # ...but its ServiceAccount is no admin: it cannot grant or take away an exemption either (kf-culler-writes,
+    # the base's bound on its own writes, refuses it too: the API server names the first policy that refused).
     code, message = status_of(patch(culler, namespace, "nb", {EXEMPT_ANNOTATION: None}))
-    assert code == 403 and EXEMPT_REFUSAL in message
+    assert code == 403 and (EXEMPT_REFUSAL in message or f"refused {EXEMPT_ANNOTATION}" in message), message
 
 
 def test_keep_until_is_bounded_by_the_cullers_lease_clock(kube: KubeTarget, api: Any, namespace: str,
@@ -525,7 +529,7 @@ def test_rendered_component_passes_server_side_dry_run(kube: KubeTarget, api: An
     assert kubectl is not None
     with contextlib.suppress(ApiException):
         client.CoreV1Api(api).create_namespace({"metadata": {"name": "kubeflow"}})
-    objs = [o for o in rendered(tmp_path, "any") if o["kind"] in ADMISSION_KINDS
+    objs = [o for o in rendered(tmp_path, "any") if (o["kind"] in ADMISSION_KINDS and o["metadata"]["name"] != WRITES)
             or o["metadata"]["name"] == "kf-culler-exempt-admission"]
     assert len(objs) == 1 + 2 * len(POLICIES)
     path = tmp_path / "admission.yaml"
@@ -536,3 +540,90 @@ def test_rendered_component_passes_server_side_dry_run(kube: KubeTarget, api: An
     for name in POLICIES:
         for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding"):
             assert f"{kind}.admissionregistration.k8s.io/{name} created (server dry run)" in done.stdout
+
+
+def test_exempt_keep_until_and_marks_are_guarded_on_every_kind_the_culler_stops(
+        kube: KubeTarget, api: Any, namespace: str, admission: dict[str, Any]) -> None:
+    """Rule 2 reads notebook-culler.io/exempt on Workspaces, Deployments and StatefulSets as on Notebooks: a profile
+    contributor (who may edit all three in their namespace) cannot set it there either, nor push keep-until past
+    the bound, nor forge the culler's marks (on CREATE as on UPDATE); an admin can, and the culler's
+    ServiceAccount writes its own marks."""
+    from test_rbac import apply_workspace_crd
+
+    from kf_culler.local.workspaces import workspace_body
+    from kf_culler.targets import REPLICAS_BEFORE_ANNOTATION, target_of
+
+    apply_workspace_crd(api)
+    alice = as_user(kube, "alice@example.com", "kubeflow-users")
+    admin = as_user(kube, "root@example.com", ADMIN_GROUP)
+    culler = kube.api_client(kube.service_account_kubeconfig("kubeflow", "kf-culler"))
+    client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(namespace, {  # as components/workloads and
+        "metadata": {"name": "kf-culler-sessions"},                                  # components/workspaces grant
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "notebooks-edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": "kf-culler", "namespace": "kubeflow"}]})
+    renew(api, datetime.now(UTC))
+    labels = {"session": "s"}
+    template = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "ide", "image": "code-server:4"}]}}
+    bodies = {
+        "Workspace": lambda name, ann: {**workspace_body(namespace, name, "jupyterlab"), "metadata": {
+            "name": name, "namespace": namespace, "annotations": ann}},
+        "Deployment": lambda name, ann: {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {
+            "name": name, "annotations": ann}, "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                                                        "template": template}},
+        "StatefulSet": lambda name, ann: {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {
+            "name": name, "annotations": ann}, "spec": {"replicas": 1, "serviceName": name,
+                                                        "selector": {"matchLabels": labels}, "template": template}},
+    }
+
+    def make(who: Any, kind: str, name: str, ann: dict[str, str] | None = None) -> Callable[[], object]:
+        t = target_of({"kind": kind})
+        return lambda: client.CustomObjectsApi(who).create_namespaced_custom_object(
+            t.group, t.version, namespace, t.plural, bodies[kind](name, ann or {}))
+
+    def annotate(who: Any, kind: str, ann: dict[str, str | None]) -> Callable[[], object]:
+        t = target_of({"kind": kind})
+        return lambda: client.CustomObjectsApi(who).patch_namespaced_custom_object(
+            t.group, t.version, namespace, t.plural, "s", {"metadata": {"annotations": ann}}, _content_type=MERGE)
+
+    for kind in bodies:
+        assert status_of(make(alice, kind, "s")) == (200, ""), kind
+    eventually("the exempt policy guards Deployments",
+               lambda i: annotate(alice, "Deployment", {EXEMPT_ANNOTATION: f"probe-{i}"}), 403)
+    now = datetime.now(UTC)
+    for kind in bodies:
+        obj_ann = annotate(admin, kind, {EXEMPT_ANNOTATION: None})
+        assert status_of(obj_ann)[0] == 200  # a probe that got in before the policy was in force
+        # exempt: refused to the user, on UPDATE and on CREATE, with the admin group named.
+        code, message = status_of(annotate(alice, kind, {EXEMPT_ANNOTATION: "true"}))
+        print(f"{kind} refusal: HTTP {code}: {message}")
+        assert code == 403 and EXEMPT_REFUSAL in message and "kf-culler-exempt" in message, (kind, message)
+        code, message = status_of(make(alice, kind, "copy", {EXEMPT_ANNOTATION: "true"}))
+        assert code == 403 and EXEMPT_REFUSAL in message, (kind, message)
+        # keep-until: bounded by the culler's clock, as on Notebooks.
+        code, message = status_of(annotate(alice, kind, {KEEP_UNTIL_ANNOTATION: z(now + timedelta(days=30))}))
+        assert code == 422 and "kf-culler-keep-until" in message, (kind, message)
+        assert status_of(annotate(alice, kind, {KEEP_UNTIL_ANNOTATION: "tomorrow"}))[0] == 422, kind
+        assert status_of(annotate(alice, kind, {KEEP_UNTIL_ANNOTATION: z(now + timedelta(hours=2))})) == (200, "")
+        # The culler's marks: forged ones refused, on UPDATE and on CREATE.
+        for key, value in ((STOPPED_BY_ANNOTATION, "kf-culler"), (REPLICAS_BEFORE_ANNOTATION, "8"),
+                           (STATE_ANNOTATION, "stopped")):
+            code, message = status_of(annotate(alice, kind, {key: value}))
+            assert code == 403 and f"only kf-culler writes its marks on a {kind} ({key})" in message, (kind, message)
+        code, message = status_of(make(alice, kind, "copy", {STOPPED_AT_ANNOTATION: z(now)}))
+        assert code == 403 and "kf-culler-marks" in message, (kind, message)
+        # The culler writes its marks; the user may remove them, not change them.
+        assert status_of(annotate(culler, kind, {STATE_ANNOTATION: "idle", IDLE_SINCE_ANNOTATION: z(now)})) == (
+            200, ""), kind
+        assert status_of(annotate(alice, kind, {STATE_ANNOTATION: "active"}))[0] == 403, kind
+        assert status_of(annotate(alice, kind, {IDLE_SINCE_ANNOTATION: None})) == (200, ""), kind
+        # ...and never exempt (kf-culler-exempt and kf-culler-writes both refuse it).
+        assert status_of(annotate(culler, kind, {EXEMPT_ANNOTATION: "true"}))[0] == 403, kind
+        # An admin may grant the exemption and repair a mark.
+        assert status_of(annotate(admin, kind, {EXEMPT_ANNOTATION: "true", REASON_ANNOTATION: "x"})) == (200, "")
+        # Everything else a user writes on their session passes.
+        assert status_of(annotate(alice, kind, {"team.example.com/x": "1"})) == (200, ""), kind
+        t = target_of({"kind": kind})
+        got = client.CustomObjectsApi(api).get_namespaced_custom_object(t.group, t.version, namespace, t.plural, "s")
+        assert got["metadata"]["annotations"][EXEMPT_ANNOTATION] == "true"
+        assert got["metadata"]["annotations"][STATE_ANNOTATION] == "idle"
+        assert STOPPED_BY_ANNOTATION not in got["metadata"]["annotations"]

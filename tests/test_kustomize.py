@@ -144,6 +144,8 @@ def test_every_kustomization_renders(path: str) -> None:
 def test_overlay_puts_everything_in_the_kubeflow_namespace(overlay: str) -> None:
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
     for o in render(f"overlays/{overlay}"):
+        if o["kind"] in EXEMPT_ADMISSION:
+            continue  # cluster-scoped, unknown to kustomize's schema: the overlay's namespace, dropped by the server
         if o["kind"] in cluster_scoped:
             assert "namespace" not in o["metadata"]
         else:
@@ -286,9 +288,8 @@ CLUSTER_GRANTS = {
     ("apps", "statefulsets"): {"get", "list", "watch"},  # pods paired with Notebooks by ownership
     ("", "services"): {"get", "list", "watch"},  # a probe goes only through the Service the controller made
     ("", "nodes"): {"get", "list", "watch"},  # the GPU model of a pod's node (gpuModels)
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
-    ("kubeflow.org", "profiles"): {"get", "list"},  # the notice's recipient (notifications.email)
+    ("", "events"): {"create"},  # each Event a new object: never patched, never through events.k8s.io
+    ("kubeflow.org", "profiles"): {"get"},  # the notice's recipient (notifications.email), by name
     ("", "namespaces"): {"get"},  # notify-email on the namespace; its labels for policy rules
     ("authentication.k8s.io", "tokenreviews"): {"create"},  # the verdict API's caller check
 }
@@ -668,6 +669,8 @@ def test_notifications_component_mounts_the_secret_read_only(tmp_path: Path) -> 
 # --- components/exempt-admission ------------------------------------------------------------------
 
 EXEMPT_ADMISSION = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+NOTEBOOK_ONLY = ("kf-culler-server-type", "kf-culler-notebook-name")  # Kubeflow v1's own annotation and label
+WRITES = "kf-culler-writes"  # the base's bound on the culler's own writes
 
 
 def render_with_exempt_admission(tmp_path: Path) -> list[dict[str, Any]]:
@@ -693,15 +696,20 @@ def test_exempt_admission_component_renders_its_policies_bindings_and_admins(tmp
     bindings = {o["metadata"]["name"]: o for o in find(objs, "ValidatingAdmissionPolicyBinding")}
     admins_policies = {"kf-culler-exempt", "kf-culler-marks", "kf-culler-server-type", "kf-culler-notebook-name",
                        "kf-culler-pod-labels"}
-    assert set(policies) == set(bindings) == {*admins_policies, "kf-culler-keep-until"}
+    assert set(policies) == set(bindings) == {*admins_policies, "kf-culler-keep-until", WRITES}
+    del policies[WRITES], bindings[WRITES]  # the base's (test_the_cullers_own_writes_are_bounded_in_every_overlay)
     cm = one(objs, "ConfigMap", "kf-culler-exempt-admission")
     assert cm["metadata"]["namespace"] == NAMESPACE and set(cm["data"]) == {"adminGroups", "adminServiceAccounts"}
     for name, policy in policies.items():
         assert policy["apiVersion"] == "admissionregistration.k8s.io/v1" and "namespace" not in policy["metadata"]
-        (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
-        assert (rule["apiGroups"], rule["resources"], rule["operations"]) == (
-            ([""], ["pods"], ["UPDATE"]) if name == "kf-culler-pod-labels" else
-            (["kubeflow.org"], ["notebooks"], ["CREATE", "UPDATE"]))
+        rules = [(r["apiGroups"], r["resources"], r["operations"])
+                 for r in policy["spec"]["matchConstraints"]["resourceRules"]]
+        assert rules == (
+            [([""], ["pods"], ["UPDATE"])] if name == "kf-culler-pod-labels" else
+            [(["kubeflow.org"], ["notebooks"], ["CREATE", "UPDATE"])] if name in NOTEBOOK_ONLY else
+            # exempt, keep-until and the culler's marks on every kind the culler stops
+            [(["kubeflow.org"], ["notebooks", "workspaces"], ["CREATE", "UPDATE"]),
+             (["apps"], ["deployments", "statefulsets"], ["CREATE", "UPDATE"])]), name
         assert policy["spec"]["failurePolicy"] == "Fail" and policy["spec"]["matchConditions"]
         binding = bindings[name]["spec"]
         assert binding["policyName"] == name and binding["validationActions"] == ["Deny"]
@@ -720,6 +728,38 @@ def test_exempt_admission_component_renders_its_policies_bindings_and_admins(tmp
         assert (o["metadata"].get("labels") or {}).items() >= LABELS.items(), o["metadata"]["name"]
 
 
+@pytest.mark.parametrize("overlay", (*OVERLAYS, "openshift-ai"))
+def test_the_cullers_own_writes_are_bounded_in_every_overlay(overlay: str) -> None:
+    """The base's kf-culler-writes (proven on the API server in test_rbac): bound, denying, for the culler's
+    ServiceAccount in whatever namespace the overlay installs it, on every kind it may patch."""
+    objs = render(f"overlays/{overlay}")
+    policy = one(objs, "ValidatingAdmissionPolicy", WRITES)
+    assert one(objs, "ValidatingAdmissionPolicyBinding", WRITES)["spec"] == {
+        "policyName": WRITES, "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail" and "paramKind" not in policy["spec"]
+    (cond,) = policy["spec"]["matchConditions"]
+    pattern = re.search(r"matches\('([^']+)'\)", cond["expression"])
+    assert pattern is not None
+    sa = one(objs, "ServiceAccount", NAME)
+    assert re.fullmatch(pattern.group(1), f"system:serviceaccount:{sa['metadata']['namespace']}:{NAME}")
+    assert not re.fullmatch(pattern.group(1), f"system:serviceaccount:{sa['metadata']['namespace']}:kf-culler-x")
+    matched = {(g, r) for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+               for g in rule["apiGroups"] for r in rule["resources"]
+               if {"CREATE", "UPDATE", "DELETE"} <= set(rule["operations"])}
+    # Every session kind a shipped ClusterRole lets the culler write (the base's and the components').
+    written = set()
+    for path in KUSTOMIZE.rglob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if isinstance(doc, dict) and doc.get("kind") == "ClusterRole":
+                for (g, r), verbs in grants(doc).items():
+                    if g in ("kubeflow.org", "apps") and verbs & WRITE_VERBS:
+                        written.add((g, r))
+    assert written >= {("kubeflow.org", "notebooks"), ("kubeflow.org", "workspaces"), ("apps", "deployments"),
+                       ("apps", "statefulsets")}
+    for g, r in written:
+        assert (g, r) in matched and (g, f"{r}/*") in matched, (g, r)
+
+
 def test_shipped_config_honours_exempt_only_where_admins_turn_it_on() -> None:
     for path in ("base", *(f"overlays/{o}" for o in OVERLAYS)):
         assert yaml.safe_load(config_text(render(path)))["allowExempt"] is False, path
@@ -734,7 +774,7 @@ def test_openshift_ai_overlay_runs_in_the_applications_namespace_under_the_restr
     and no Istio sidecar."""
     objs = render("overlays/openshift-ai")
     for o in objs:
-        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", *EXEMPT_ADMISSION):
             assert o["metadata"].get("namespace") == "redhat-ods-applications", o["metadata"]["name"]
     for o in find(objs, "ClusterRoleBinding"):
         assert all(s["namespace"] == "redhat-ods-applications" for s in o["subjects"])

@@ -466,7 +466,6 @@ def test_the_shipped_cluster_role_reads_the_owner_as_the_service_account(
     assert [sorted(rcpt) for rcpt, _ in smtp.messages] == [sorted([OWNER, ADMIN])]
 
     custom, core = client.CustomObjectsApi(sa_api), client.CoreV1Api(sa_api)
-    assert custom.list_cluster_custom_object("kubeflow.org", "v1", "profiles")["items"]
 
     def status(call: Any) -> int:
         try:
@@ -474,6 +473,10 @@ def test_the_shipped_cluster_role_reads_the_owner_as_the_service_account(
         except ApiException as err:
             return int(err.status)
         return 200
+
+    # The owner's Profile is read by name; the Profiles (every user's email) are never listed.
+    assert custom.get_cluster_custom_object("kubeflow.org", "v1", "profiles", namespace)["spec"]["owner"]
+    assert status(lambda: custom.list_cluster_custom_object("kubeflow.org", "v1", "profiles")) == 403
 
     assert status(lambda: custom.patch_cluster_custom_object(
         "kubeflow.org", "v1", "profiles", namespace, {"spec": {"owner": {"name": "x@example.com"}}})) == 403

@@ -516,7 +516,8 @@ def culler_identity(e: Env, tmp_path: Path) -> Iterator[Any]:
     for o in objs:
         if o["kind"] == "ClusterRole" and o["metadata"]["name"] == f"{PROBER_ROLE}-{e.namespace}":
             o["metadata"]["name"] = PROBER_ROLE
-    policies = [o for o in render(work) if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    policies = [o for o in render(work) if o["kind"].startswith("ValidatingAdmissionPolicy")
+                and o["metadata"]["name"] == "kf-culler-prober-identities"]  # kf-culler-writes: in objs
     assert len(policies) == 2
     _apply_rbac(e, objs + policies)
     try:

