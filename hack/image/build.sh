@@ -92,7 +92,7 @@ else
     log "base $base: cached"
   else
     if [ ! -s "$tarball" ]; then
-      log "base: mmdebstrap $SUITE minbase with $BASE_PACKAGES (cold: about 80 s)"
+      log "base: mmdebstrap $SUITE minbase with $BASE_PACKAGES (cold: 1.5 to 4 minutes on 2 cores)"
       rm -f "$CACHE"/base-*.tar "$tarball.part"
       timed nice -n 10 mmdebstrap --quiet "${mm_args[@]}" "$SUITE" "$tarball.part.tar" "${mirrors[@]}" >&2
       mv "$tarball.part.tar" "$tarball"
@@ -150,7 +150,7 @@ elif [ -s "$archive" ]; then
   [ -n "$loaded" ] || die "podman load $archive named no image"
   [ "$loaded" = "$image" ] || podman tag "$loaded" "$image"
 else
-  log "image $image ($key): podman build (cold: about 70 s)"
+  log "image $image ($key): podman build (cold: 1 to 2.5 minutes on 2 cores)"
   mounts=()
   for f in /etc/ssl/certs/ca-certificates.crt /etc/pip.conf; do
     [ -f "$f" ] && mounts+=(--volume "$f:$f:ro")
