@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -55,14 +56,19 @@ def parse(text: str) -> list[Stage]:
         pending = ""
     assert not pending, "the Dockerfile ends in a line continuation"
     stages: list[Stage] = []
+    global_args: dict[str, str] = {}  # ARGs before the first FROM: what a FROM line may name
     for line in logical:
         keyword, _, args = line.partition(" ")
         keyword, args = keyword.upper(), args.strip()
-        if keyword == "FROM":
+        if keyword == "ARG" and not stages:
+            name, _, default = args.partition("=")
+            global_args[name] = default
+        elif keyword == "FROM":
             words = args.split()
             words = [w for w in words if not w.startswith("--")]
             name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
-            stages.append(Stage(words[0], name))
+            base = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: global_args[m.group(1) or m.group(2)], words[0])
+            stages.append(Stage(base, name))
         else:
             assert stages, f"{keyword} before FROM"
             stages[-1].instructions.append((keyword, args))
@@ -234,7 +240,7 @@ def test_build_stage_installs_a_working_kf_culler(stages: list[Stage], tmp_path:
     env.pop("VIRTUAL_ENV", None)
     venv_dir: Path | None = None
     for cmd in install_commands(build):
-        if cmd[:3] == ["python", "-m", "venv"]:
+        if cmd[:3] == ["python3", "-m", "venv"]:
             venv_dir = root / cmd[3].lstrip("/")
             cmd = [sys.executable, "-m", "venv", str(venv_dir)]
         else:
