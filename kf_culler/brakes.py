@@ -19,14 +19,25 @@ notebook the previous pass did not see is not newly anything, except for `stops`
 
 A signal's share is the mean over the namespaces that have notebooks of its population of (events in the
 namespace / population of the namespace), so every namespace weighs the same, however many notebooks it
-has. A signal trips when its share is over `fleet_fraction` and its population spans at least
-`min_namespaces` namespaces.
+has. A signal trips when its share is over `fleet_fraction` and its events come from at least
+`min_namespaces` namespaces (a population spanning that many is not enough: on a quiet night with three
+namespaces running GPU notebooks, two of them turning idle is no fleet).
 
-Why one tenant cannot trip a hold: a profile user controls their own namespace only. With N namespaces
-in the population, that namespace moves the share by at most 1/N ≤ 1/min_namespaces, and
-`limits_problem` requires 1/min_namespaces < fleet_fraction, so a tenant alone (e.g. 500 notebooks of
-its own turned idle, or made to look so) stays under the threshold. A trip needs the notebooks of more
-than fleet_fraction × N namespaces, which is what a broken exporter or upgrade looks like.
+A notebook counts toward a signal's trip once per `recount_minutes`: the notebooks whose events made a trip
+are remembered (`spent`, per signal, with the time of the trip) and their events of that signal are not
+counted again until `recount_minutes` have passed (they stay in the population). A notebook flipped between
+active and idle every other pass therefore trips a signal at most once a window, not every other pass, and
+an admin's release holds against the same flapping notebooks for the rest of the window. A fault of a
+metrics source makes notebooks change that have not tripped anything lately; and a fault that persists
+trips `stops` (a separate signal) when the notebooks come due.
+
+Why one tenant cannot trip a hold: a profile user controls their own namespace only. A trip needs events
+in at least min_namespaces namespaces; and with N namespaces in the population, one namespace moves the
+share by at most 1/N ≤ 1/min_namespaces, and `limits_problem` requires 1/min_namespaces < fleet_fraction,
+so a tenant alone (e.g. 500 notebooks of its own turned idle, or made to look so) stays under the
+threshold. A trip needs the notebooks of more than fleet_fraction × N namespaces, which is what a broken
+exporter or upgrade looks like. A user who is a contributor in min_namespaces profiles or more, on a fleet
+small enough, can trip a signal with the same notebooks once per recount_minutes (see above).
 
 A hold lasts `hold_minutes` after the last trip (a trip in a pass always holds that pass's stops, even
 with `hold_minutes` 0), ends by itself, or ends when an admin's release (`released_at`, read by the shell
@@ -41,6 +52,7 @@ Pure: no I/O, no clock, no logging; the shell passes `now` and keeps the returne
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -58,6 +70,7 @@ class BrakeLimits:
     fleet_fraction: float = 0.5  # a signal trips when its namespace-weighted share of the fleet is over this
     min_namespaces: int = 3  # ...and at least this many namespaces have notebooks of that population
     hold_minutes: float = 60.0  # stops are held this long after the last trip
+    recount_minutes: float = 1440.0  # a notebook whose event made a trip counts toward that signal again after this
     max_stops_per_pass: int = 500  # 0: no cap
     max_warnings_per_pass: int = 1000  # 0: no cap
 
@@ -86,6 +99,9 @@ class BrakeState:
     # Notebooks an admin's release confirmed as they were (not active) when it ended a hold: their coming
     # due later does not trip the brakes again. A notebook leaves the set once it is seen active.
     acknowledged: frozenset[Key] = frozenset()
+    # signal -> the notebooks whose events made a trip of that signal -> when; they count for that signal again
+    # recount_minutes later (entries older than that are dropped).
+    spent: Mapping[str, Mapping[Key, datetime]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,14 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class _Share:
+    share: float  # the namespace-weighted share of events
+    namespaces: int  # namespaces with notebooks of the population
+    event_namespaces: int  # namespaces with at least one counted event
+    events: tuple[Key, ...]  # the notebooks whose events counted
+
+
+@dataclass(frozen=True)
 class _Signal:
     name: str
     population: str  # in words, for `why`
@@ -109,19 +133,23 @@ class _Signal:
     event: Callable[[Seen, Previous | None], bool]
 
     def share(self, seen: Iterable[Seen], last: Mapping[Key, Previous],
-              acknowledged: frozenset[Key] = frozenset()) -> tuple[float, int]:
-        """(the namespace-weighted share of events, how many namespaces the population spans); a notebook an
-        admin acknowledged is counted in its population, never as an event."""
+              discounted: AbstractSet[Key] = frozenset()) -> _Share:
+        """The namespace-weighted share of events; a notebook `discounted` (an admin acknowledged it, or it
+        made a trip of this signal lately) is counted in its population, never as an event."""
         counts: dict[str, tuple[int, int]] = {}  # namespace -> (population, events)
+        events: list[Key] = []
         for s in seen:
             if self.member(s):
-                population, events = counts.get(s.namespace, (0, 0))
+                population, happened = counts.get(s.namespace, (0, 0))
                 key = (s.namespace, s.name)
-                happened = key not in acknowledged and self.event(s, last.get(key))
-                counts[s.namespace] = (population + 1, events + int(happened))
+                event = self.event(s, last.get(key)) and key not in discounted
+                if event:
+                    events.append(key)
+                counts[s.namespace] = (population + 1, happened + int(event))
         if not counts:
-            return 0.0, 0
-        return sum(events / population for population, events in counts.values()) / len(counts), len(counts)
+            return _Share(0.0, 0, 0, ())
+        share = sum(happened / population for population, happened in counts.values()) / len(counts)
+        return _Share(share, len(counts), sum(1 for _, happened in counts.values() if happened), tuple(events))
 
     def describe(self, share: float, namespaces: int, fleet_fraction: float) -> str:
         return (
@@ -165,6 +193,8 @@ def limits_problem(limits: BrakeLimits) -> str | None:
         problems.append(f"brakes.minNamespaces must be at least 1 (got {limits.min_namespaces})")
     if not limits.hold_minutes >= 0:
         problems.append(f"brakes.holdMinutes must be 0 or more (got {limits.hold_minutes})")
+    if not limits.recount_minutes >= 0:
+        problems.append(f"brakes.recountMinutes must be 0 or more (got {limits.recount_minutes})")
     if limits.max_stops_per_pass < 0:
         problems.append(f"brakes.maxStopsPerPass must be 0 (no cap) or more (got {limits.max_stops_per_pass})")
     if limits.max_warnings_per_pass < 0:
@@ -217,6 +247,15 @@ def _carried_hold(
     return state.held_until, state.why
 
 
+def _still_spent(
+    spent: Mapping[str, Mapping[Key, datetime]], limits: BrakeLimits, now: datetime
+) -> dict[str, dict[Key, datetime]]:
+    """The notebooks that made a trip less than recount_minutes ago, per signal."""
+    kept = {signal: {key: at for key, at in keys.items() if now < add_minutes(at, limits.recount_minutes)}
+            for signal, keys in spent.items()}
+    return {signal: keys for signal, keys in kept.items() if keys}
+
+
 def apply_brakes(
     seen: Sequence[Seen],
     state: BrakeState,
@@ -233,12 +272,16 @@ def apply_brakes(
     acknowledged = frozenset(k for k in state.acknowledged if k in by_key and by_key[k].state != "active")
     if released:
         acknowledged |= frozenset(k for k, s in by_key.items() if s.state != "active")
+    spent = _still_spent(state.spent, limits, now)
     for signal in SIGNALS:
-        share, namespaces = signal.share(by_key.values(), state.last, acknowledged)
-        shares[signal.name] = share
-        if limits.enabled and share > limits.fleet_fraction and namespaces >= limits.min_namespaces:
+        recent = spent.get(signal.name, {})
+        counted = signal.share(by_key.values(), state.last, acknowledged | recent.keys())
+        shares[signal.name] = counted.share
+        if (limits.enabled and counted.share > limits.fleet_fraction
+                and counted.event_namespaces >= limits.min_namespaces):
             trips.append(signal.name)
-            texts.append(signal.describe(share, namespaces, limits.fleet_fraction))
+            texts.append(signal.describe(counted.share, counted.namespaces, limits.fleet_fraction))
+            spent[signal.name] = {**recent, **dict.fromkeys(counted.events, now)}
 
     held_until, why = _carried_hold(state, limits, now, released_at)
     tripped_at = state.tripped_at
@@ -257,6 +300,7 @@ def apply_brakes(
             why=why,
             tripped_at=tripped_at,
             acknowledged=acknowledged,
+            spent=spent,
         ),
         held=held,
         why=why if held else None,

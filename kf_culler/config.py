@@ -292,6 +292,7 @@ class BrakeSettings(_Model):
     fleet_fraction: float = Field(default=0.5, alias="fleetFraction", gt=0, le=1)
     min_namespaces: int = Field(default=3, alias="minNamespaces", ge=1, le=100_000)
     hold_minutes: float = Field(default=60, alias="holdMinutes", ge=0, le=10 * 24 * 60)
+    recount_minutes: float = Field(default=1440, alias="recountMinutes", ge=0, le=30 * 24 * 60)
     max_stops_per_pass: int = Field(default=500, alias="maxStopsPerPass", ge=0, le=1_000_000)
     max_warnings_per_pass: int = Field(default=1000, alias="maxWarningsPerPass", ge=0, le=1_000_000)
 
@@ -305,7 +306,7 @@ class BrakeSettings(_Model):
     @property
     def limits(self) -> BrakeLimits:
         return BrakeLimits(self.enabled, self.fleet_fraction, self.min_namespaces, self.hold_minutes,
-                           self.max_stops_per_pass, self.max_warnings_per_pass)
+                           self.recount_minutes, self.max_stops_per_pass, self.max_warnings_per_pass)
 
 
 class IstioSettings(_Model):
