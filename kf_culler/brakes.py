@@ -46,6 +46,9 @@ hold: a warning harms nobody. The caps (`max_*_per_pass`, 0 for none) are a sepa
 with the brakes disabled too, and let through the namespaces in turn, each one's stops due first (one
 tenant's many due stops take one place a round, not the whole cap).
 
+"Namespace" above is a session's `tenant` where the cycle gives one: a Coder workspace's is its Coder owner
+(all Coder workspaces are in the admin's one namespace; kf_culler/coder_sessions.py `fairness_key`).
+
 Pure: no I/O, no clock, no logging; the shell passes `now` and keeps the returned `BrakeState`.
 """
 
@@ -86,6 +89,11 @@ class Seen:
     state: str  # the verdict's state: active | idle | no-signal | ... (other strings possible)
     action: str  # keep | warn | stop
     stop_at: datetime | None  # when the verdict says it is/was due to stop (for ordering), may be None
+    tenant: str | None = None  # whose share it takes (the fleet's "namespaces" below); None: its namespace
+
+    @property
+    def share_key(self) -> str:
+        return self.namespace if self.tenant is None else self.tenant
 
 
 @dataclass(frozen=True)
@@ -140,12 +148,12 @@ class _Signal:
         events: list[Key] = []
         for s in seen:
             if self.member(s):
-                population, happened = counts.get(s.namespace, (0, 0))
+                population, happened = counts.get(s.share_key, (0, 0))
                 key = (s.namespace, s.name)
                 event = self.event(s, last.get(key)) and key not in discounted
                 if event:
                     events.append(key)
-                counts[s.namespace] = (population + 1, happened + int(event))
+                counts[s.share_key] = (population + 1, happened + int(event))
         if not counts:
             return _Share(0.0, 0, 0, ())
         share = sum(happened / population for population, happened in counts.values()) / len(counts)
@@ -218,8 +226,8 @@ def _fair(items: Sequence[Seen]) -> list[Seen]:
     ranks: dict[str, int] = {}
     ranked = []
     for s in sorted(items, key=_due):
-        rank = ranks.get(s.namespace, 0)
-        ranks[s.namespace] = rank + 1
+        rank = ranks.get(s.share_key, 0)
+        ranks[s.share_key] = rank + 1
         ranked.append((rank, _due(s), s))
     return [s for _, _, s in sorted(ranked, key=lambda r: (r[0], r[1]))]
 
