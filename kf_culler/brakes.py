@@ -23,13 +23,14 @@ has. A signal trips when its share is over `fleet_fraction` and its events come 
 `min_namespaces` namespaces (a population spanning that many is not enough: on a quiet night with three
 namespaces running GPU notebooks, two of them turning idle is no fleet).
 
-A notebook counts toward a signal's trip once per `recount_minutes`: the notebooks whose events made a trip
-are remembered (`spent`, per signal, with the time of the trip) and their events of that signal are not
-counted again until `recount_minutes` have passed (they stay in the population). A notebook flipped between
-active and idle every other pass therefore trips a signal at most once a window, not every other pass, and
-an admin's release holds against the same flapping notebooks for the rest of the window. A fault of a
-metrics source makes notebooks change that have not tripped anything lately; and a fault that persists
-trips `stops` (a separate signal) when the notebooks come due.
+A namespace counts toward a signal's trip once per `recount_minutes`: the namespaces whose notebooks' events
+made a trip are remembered (`spent`, per signal, with the time of the trip), and their notebooks' events of
+that signal are not counted again until `recount_minutes` have passed (the notebooks stay in the
+population). A notebook flipped between active and idle every other pass, or replaced by a new one of
+another name, therefore trips a signal at most once a window, not every other pass, and an admin's release
+holds against the same namespaces flapping for the rest of the window. The price: after a trip of a signal,
+a second fault within the window in the same namespaces does not trip that signal again; it trips another
+one, `stops` (its own signal), when the notebooks come due together.
 
 Why one tenant cannot trip a hold: a profile user controls their own namespace only. A trip needs events
 in at least min_namespaces namespaces; and with N namespaces in the population, one namespace moves the
@@ -37,7 +38,7 @@ share by at most 1/N ≤ 1/min_namespaces, and `limits_problem` requires 1/min_n
 so a tenant alone (e.g. 500 notebooks of its own turned idle, or made to look so) stays under the
 threshold. A trip needs the notebooks of more than fleet_fraction × N namespaces, which is what a broken
 exporter or upgrade looks like. A user who is a contributor in min_namespaces profiles or more, on a fleet
-small enough, can trip a signal with the same notebooks once per recount_minutes (see above).
+small enough, can trip each signal once per recount_minutes from those namespaces (see above).
 
 A hold lasts `hold_minutes` after the last trip (a trip in a pass always holds that pass's stops, even
 with `hold_minutes` 0), ends by itself, or ends when an admin's release (`released_at`, read by the shell
@@ -73,7 +74,7 @@ class BrakeLimits:
     fleet_fraction: float = 0.5  # a signal trips when its namespace-weighted share of the fleet is over this
     min_namespaces: int = 3  # ...and at least this many namespaces have notebooks of that population
     hold_minutes: float = 60.0  # stops are held this long after the last trip
-    recount_minutes: float = 1440.0  # a notebook whose event made a trip counts toward that signal again after this
+    recount_minutes: float = 1440.0  # a namespace whose events made a trip counts toward that signal again after this
     max_stops_per_pass: int = 500  # 0: no cap
     max_warnings_per_pass: int = 1000  # 0: no cap
 
@@ -107,9 +108,9 @@ class BrakeState:
     # Notebooks an admin's release confirmed as they were (not active) when it ended a hold: their coming
     # due later does not trip the brakes again. A notebook leaves the set once it is seen active.
     acknowledged: frozenset[Key] = frozenset()
-    # signal -> the notebooks whose events made a trip of that signal -> when; they count for that signal again
-    # recount_minutes later (entries older than that are dropped).
-    spent: Mapping[str, Mapping[Key, datetime]] = field(default_factory=dict)
+    # signal -> the namespaces (Seen.share_key) whose notebooks' events made a trip of that signal -> when; they
+    # count for that signal again recount_minutes later (entries older than that are dropped).
+    spent: Mapping[str, Mapping[str, datetime]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class _Share:
     share: float  # the namespace-weighted share of events
     namespaces: int  # namespaces with notebooks of the population
     event_namespaces: int  # namespaces with at least one counted event
-    events: tuple[Key, ...]  # the notebooks whose events counted
+    events: tuple[str, ...]  # the namespaces with a counted event
 
 
 @dataclass(frozen=True)
@@ -141,23 +142,22 @@ class _Signal:
     event: Callable[[Seen, Previous | None], bool]
 
     def share(self, seen: Iterable[Seen], last: Mapping[Key, Previous],
-              discounted: AbstractSet[Key] = frozenset()) -> _Share:
-        """The namespace-weighted share of events; a notebook `discounted` (an admin acknowledged it, or it
-        made a trip of this signal lately) is counted in its population, never as an event."""
+              acknowledged: AbstractSet[Key] = frozenset(), spent: AbstractSet[str] = frozenset()) -> _Share:
+        """The namespace-weighted share of events; a notebook an admin acknowledged, or of a namespace `spent`
+        (it made a trip of this signal lately), is counted in its population, never as an event."""
         counts: dict[str, tuple[int, int]] = {}  # namespace -> (population, events)
-        events: list[Key] = []
         for s in seen:
             if self.member(s):
                 population, happened = counts.get(s.share_key, (0, 0))
                 key = (s.namespace, s.name)
-                event = self.event(s, last.get(key)) and key not in discounted
-                if event:
-                    events.append(key)
+                event = (self.event(s, last.get(key)) and key not in acknowledged
+                         and s.share_key not in spent)
                 counts[s.share_key] = (population + 1, happened + int(event))
         if not counts:
             return _Share(0.0, 0, 0, ())
         share = sum(happened / population for population, happened in counts.values()) / len(counts)
-        return _Share(share, len(counts), sum(1 for _, happened in counts.values() if happened), tuple(events))
+        events = tuple(ns for ns, (_, happened) in counts.items() if happened)
+        return _Share(share, len(counts), len(events), events)
 
     def describe(self, share: float, namespaces: int, fleet_fraction: float) -> str:
         return (
@@ -256,9 +256,9 @@ def _carried_hold(
 
 
 def _still_spent(
-    spent: Mapping[str, Mapping[Key, datetime]], limits: BrakeLimits, now: datetime
-) -> dict[str, dict[Key, datetime]]:
-    """The notebooks that made a trip less than recount_minutes ago, per signal."""
+    spent: Mapping[str, Mapping[str, datetime]], limits: BrakeLimits, now: datetime
+) -> dict[str, dict[str, datetime]]:
+    """The namespaces that made a trip less than recount_minutes ago, per signal."""
     kept = {signal: {key: at for key, at in keys.items() if now < add_minutes(at, limits.recount_minutes)}
             for signal, keys in spent.items()}
     return {signal: keys for signal, keys in kept.items() if keys}
@@ -283,7 +283,7 @@ def apply_brakes(
     spent = _still_spent(state.spent, limits, now)
     for signal in SIGNALS:
         recent = spent.get(signal.name, {})
-        counted = signal.share(by_key.values(), state.last, acknowledged | recent.keys())
+        counted = signal.share(by_key.values(), state.last, acknowledged, recent.keys())
         shares[signal.name] = counted.share
         if (limits.enabled and counted.share > limits.fleet_fraction
                 and counted.event_namespaces >= limits.min_namespaces):

@@ -315,6 +315,7 @@ def test_limits_problem() -> None:
     assert "brakes.minNamespaces" in (limits_problem(BrakeLimits(min_namespaces=0)) or "")
     assert "brakes.holdMinutes" in (limits_problem(BrakeLimits(hold_minutes=-1)) or "")
     assert "brakes.holdMinutes" in (limits_problem(BrakeLimits(hold_minutes=math.nan)) or "")
+    assert "brakes.recountMinutes" in (limits_problem(BrakeLimits(recount_minutes=-1)) or "")
     assert "brakes.maxStopsPerPass" in (limits_problem(BrakeLimits(max_stops_per_pass=-1)) or "")
     assert "brakes.maxWarningsPerPass" in (limits_problem(BrakeLimits(max_warnings_per_pass=-1)) or "")
     one_tenant = limits_problem(BrakeLimits(min_namespaces=2, fleet_fraction=0.5))
@@ -340,15 +341,18 @@ def test_one_namespace_with_many_stops_due_takes_one_place_a_round() -> None:
 # -- a tenant flapping notebooks in several profiles ----------------------------------------------------------
 
 def flapping_night(passes: int, profiles: int, *, others: int = 0, zero_at: int | None = None,
-                   released_at: datetime | None = None, limits: BrakeLimits = LIMITS) -> list[Outcome]:
+                   released_at: datetime | None = None, limits: BrakeLimits = LIMITS,
+                   rename: bool = False) -> list[Outcome]:
     """One pass a minute. A user who is a contributor in `profiles` profiles flips one GPU notebook in each
     between active and idle every other pass; the namespace `night` has one GPU notebook idle and due to stop
     in every pass (as a new one would come due); `others` namespaces have a GPU notebook at work, until pass
-    `zero_at`, from which on every GPU reads 0 (a restarted dcgm-exporter)."""
+    `zero_at`, from which on every GPU reads 0 (a restarted dcgm-exporter). `rename`: the flipped notebook is a
+    new one every two passes (`flip-<n>`)."""
     state, outcomes = BrakeState(), []
     for i in range(passes):
         zeroed = zero_at is not None and i >= zero_at
-        seen = [nb(f"mallory-{p}", "flip", "active" if i % 2 == 0 and not zeroed else "idle")
+        flip = f"flip-{i // 2}" if rename else "flip"
+        seen = [nb(f"mallory-{p}", flip, "active" if i % 2 == 0 and not zeroed else "idle")
                 for p in range(profiles)]
         seen += [nb("night", "due", "idle", "stop", stop_at=minutes(i - 1))]
         seen += [nb(f"team-{t}", "work", "idle" if zeroed else "active") for t in range(others)]
@@ -382,7 +386,15 @@ def test_a_tenant_flipping_notebooks_in_three_profiles_trips_once_a_window() -> 
     assert trips == [1]
     held = held_passes(outcomes)
     assert held == list(range(1, 61))  # the trip at minute 1 holds until minute 61
-    assert outcomes[-1].state.spent["newly-idle:gpu"].keys() == {(f"mallory-{p}", "flip") for p in range(3)}
+    assert outcomes[-1].state.spent["newly-idle:gpu"].keys() == {f"mallory-{p}" for p in range(3)}
+
+
+def test_new_notebooks_of_the_same_namespaces_do_not_count_again_either() -> None:
+    """The same user replaces the flipped notebook by a new one of another name every two passes (seen active,
+    then idle): the namespaces that made the trip are spent, not only their notebooks."""
+    outcomes = flapping_night(300, profiles=3, rename=True)
+    assert [i for i, out in enumerate(outcomes) if out.trips] == [1]
+    assert held_passes(outcomes) == list(range(1, 61))
 
 
 def test_an_admin_release_holds_against_the_flapping() -> None:
