@@ -334,3 +334,31 @@ def test_the_brakes_weigh_coder_owners_as_tenants() -> None:
     first = apply_brakes(seen(""), BrakeState(), BrakeLimits(), now)
     out = apply_brakes(seen("mallory"), first.state, BrakeLimits(), now + timedelta(minutes=1))
     assert out.shares["newly-idle:gpu"] == pytest.approx(1 / 4) and out.trips == ()
+
+
+@pytest.mark.cluster
+def test_the_runner_judges_the_first_and_reports_the_rest(kube: Any, namespace: str, stub: str,
+                                                          tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The runner over a listing past coder.maxWorkspaces: the first maxWorkspaces become sessions, the rest are
+    counted in `coder_unjudged` (the metric kf_culler_coder_workspaces_unjudged) and logged; before, the whole
+    list failed and, after a restart, no Coder workspace was judged. The pods come from a real API server (the
+    test namespace stands for coder.namespace); Coder is the stand-in HTTP listing of the recorded shape."""
+    from kf_culler.metrics import Metrics
+    from kf_culler.runner import Runner
+    from kf_culler.service import instrument
+
+    token = tmp_path / "token"
+    token.write_text("t")
+    _Stub.pages = many({"carol": 2, "alice": 3, "bob": 2})
+    settings = load_mapping({"targets": ["coder"], "namespaces": {"include": [namespace]},
+                             "coder": {"url": stub, "tokenFile": str(token), "namespace": namespace,
+                                       "pageSize": 2, "maxWorkspaces": 4}}, "test")
+    metrics = Metrics()
+    with Runner(settings, kube.api_client(), records_namespace=namespace) as runner, caplog.at_level("WARNING"):
+        instrument(runner, metrics)
+        items = runner.coder_items()
+        runner.once()
+    assert [s["metadata"]["name"] for s, _ in items] == ["alice.ws-0", "alice.ws-1", "alice.ws-2", "bob.ws-0"]
+    assert runner.coder_unjudged == 3 and runner.coder_problem is None
+    assert "3 more than coder.maxWorkspaces (4)" in caplog.text
+    assert b"kf_culler_coder_workspaces_unjudged 3.0" in metrics.render()
