@@ -72,7 +72,7 @@ _EARLIEST = datetime.min.replace(tzinfo=UTC)
 class BrakeLimits:
     enabled: bool = True
     fleet_fraction: float = 0.5  # a signal trips when its namespace-weighted share of the fleet is over this
-    min_namespaces: int = 3  # ...and at least this many namespaces have notebooks of that population
+    min_namespaces: int = 3  # ...and its counted events come from at least this many namespaces
     hold_minutes: float = 60.0  # stops are held this long after the last trip
     recount_minutes: float = 1440.0  # a namespace whose events made a trip counts toward that signal again after this
     max_stops_per_pass: int = 500  # 0: no cap
@@ -129,7 +129,6 @@ class Outcome:
 class _Share:
     share: float  # the namespace-weighted share of events
     namespaces: int  # namespaces with notebooks of the population
-    event_namespaces: int  # namespaces with at least one counted event
     events: tuple[str, ...]  # the namespaces with a counted event
 
 
@@ -154,10 +153,10 @@ class _Signal:
                          and s.share_key not in spent)
                 counts[s.share_key] = (population + 1, happened + int(event))
         if not counts:
-            return _Share(0.0, 0, 0, ())
+            return _Share(0.0, 0, ())
         share = sum(happened / population for population, happened in counts.values()) / len(counts)
         events = tuple(ns for ns, (_, happened) in counts.items() if happened)
-        return _Share(share, len(counts), len(events), events)
+        return _Share(share, len(counts), events)
 
     def describe(self, share: float, namespaces: int, fleet_fraction: float) -> str:
         return (
@@ -286,7 +285,7 @@ def apply_brakes(
         counted = signal.share(by_key.values(), state.last, acknowledged, recent.keys())
         shares[signal.name] = counted.share
         if (limits.enabled and counted.share > limits.fleet_fraction
-                and counted.event_namespaces >= limits.min_namespaces):
+                and len(counted.events) >= limits.min_namespaces):
             trips.append(signal.name)
             texts.append(signal.describe(counted.share, counted.namespaces, limits.fleet_fraction))
             spent[signal.name] = {**recent, **dict.fromkeys(counted.events, now)}
