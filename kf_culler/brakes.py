@@ -19,14 +19,26 @@ notebook the previous pass did not see is not newly anything, except for `stops`
 
 A signal's share is the mean over the namespaces that have notebooks of its population of (events in the
 namespace / population of the namespace), so every namespace weighs the same, however many notebooks it
-has. A signal trips when its share is over `fleet_fraction` and its population spans at least
-`min_namespaces` namespaces.
+has. A signal trips when its share is over `fleet_fraction` and its events come from at least
+`min_namespaces` namespaces (a population spanning that many is not enough: on a quiet night with three
+namespaces running GPU notebooks, two of them turning idle is no fleet).
 
-Why one tenant cannot trip a hold: a profile user controls their own namespace only. With N namespaces
-in the population, that namespace moves the share by at most 1/N ≤ 1/min_namespaces, and
-`limits_problem` requires 1/min_namespaces < fleet_fraction, so a tenant alone (e.g. 500 notebooks of
-its own turned idle, or made to look so) stays under the threshold. A trip needs the notebooks of more
-than fleet_fraction × N namespaces, which is what a broken exporter or upgrade looks like.
+A namespace counts toward a signal's trip once per `recount_minutes`: the namespaces whose notebooks' events
+made a trip are remembered (`spent`, per signal, with the time of the trip), and their notebooks' events of
+that signal are not counted again until `recount_minutes` have passed (the notebooks stay in the
+population). A notebook flipped between active and idle every other pass, or replaced by a new one of
+another name, therefore trips a signal at most once a window, not every other pass, and an admin's release
+holds against the same namespaces flapping for the rest of the window. The price: after a trip of a signal,
+a second fault within the window in the same namespaces does not trip that signal again; it trips another
+one, `stops` (its own signal), when the notebooks come due together.
+
+Why one tenant cannot trip a hold: a profile user controls their own namespace only. A trip needs events
+in at least min_namespaces namespaces; and with N namespaces in the population, one namespace moves the
+share by at most 1/N ≤ 1/min_namespaces, and `limits_problem` requires 1/min_namespaces < fleet_fraction,
+so a tenant alone (e.g. 500 notebooks of its own turned idle, or made to look so) stays under the
+threshold. A trip needs the notebooks of more than fleet_fraction × N namespaces, which is what a broken
+exporter or upgrade looks like. A user who is a contributor in min_namespaces profiles or more, on a fleet
+small enough, can trip each signal once per recount_minutes from those namespaces (see above).
 
 A hold lasts `hold_minutes` after the last trip (a trip in a pass always holds that pass's stops, even
 with `hold_minutes` 0), ends by itself, or ends when an admin's release (`released_at`, read by the shell
@@ -35,12 +47,16 @@ hold: a warning harms nobody. The caps (`max_*_per_pass`, 0 for none) are a sepa
 with the brakes disabled too, and let through the namespaces in turn, each one's stops due first (one
 tenant's many due stops take one place a round, not the whole cap).
 
+"Namespace" above is a session's `tenant` where the cycle gives one: a Coder workspace's is its Coder owner
+(all Coder workspaces are in the admin's one namespace; kf_culler/coder_sessions.py `fairness_key`).
+
 Pure: no I/O, no clock, no logging; the shell passes `now` and keeps the returned `BrakeState`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -56,8 +72,9 @@ _EARLIEST = datetime.min.replace(tzinfo=UTC)
 class BrakeLimits:
     enabled: bool = True
     fleet_fraction: float = 0.5  # a signal trips when its namespace-weighted share of the fleet is over this
-    min_namespaces: int = 3  # ...and at least this many namespaces have notebooks of that population
+    min_namespaces: int = 3  # ...and its counted events come from at least this many namespaces
     hold_minutes: float = 60.0  # stops are held this long after the last trip
+    recount_minutes: float = 1440.0  # a namespace whose events made a trip counts toward that signal again after this
     max_stops_per_pass: int = 500  # 0: no cap
     max_warnings_per_pass: int = 1000  # 0: no cap
 
@@ -73,6 +90,11 @@ class Seen:
     state: str  # the verdict's state: active | idle | no-signal | ... (other strings possible)
     action: str  # keep | warn | stop
     stop_at: datetime | None  # when the verdict says it is/was due to stop (for ordering), may be None
+    tenant: str | None = None  # whose share it takes (the fleet's "namespaces" below); None: its namespace
+
+    @property
+    def share_key(self) -> str:
+        return self.namespace if self.tenant is None else self.tenant
 
 
 @dataclass(frozen=True)
@@ -86,6 +108,9 @@ class BrakeState:
     # Notebooks an admin's release confirmed as they were (not active) when it ended a hold: their coming
     # due later does not trip the brakes again. A notebook leaves the set once it is seen active.
     acknowledged: frozenset[Key] = frozenset()
+    # signal -> the namespaces (Seen.share_key) whose notebooks' events made a trip of that signal -> when; they
+    # count for that signal again recount_minutes later (entries older than that are dropped).
+    spent: Mapping[str, Mapping[str, datetime]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,6 +126,13 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class _Share:
+    share: float  # the namespace-weighted share of events
+    namespaces: int  # namespaces with notebooks of the population
+    events: tuple[str, ...]  # the namespaces with a counted event
+
+
+@dataclass(frozen=True)
 class _Signal:
     name: str
     population: str  # in words, for `why`
@@ -109,19 +141,22 @@ class _Signal:
     event: Callable[[Seen, Previous | None], bool]
 
     def share(self, seen: Iterable[Seen], last: Mapping[Key, Previous],
-              acknowledged: frozenset[Key] = frozenset()) -> tuple[float, int]:
-        """(the namespace-weighted share of events, how many namespaces the population spans); a notebook an
-        admin acknowledged is counted in its population, never as an event."""
+              acknowledged: AbstractSet[Key] = frozenset(), spent: AbstractSet[str] = frozenset()) -> _Share:
+        """The namespace-weighted share of events; a notebook an admin acknowledged, or of a namespace `spent`
+        (it made a trip of this signal lately), is counted in its population, never as an event."""
         counts: dict[str, tuple[int, int]] = {}  # namespace -> (population, events)
         for s in seen:
             if self.member(s):
-                population, events = counts.get(s.namespace, (0, 0))
+                population, happened = counts.get(s.share_key, (0, 0))
                 key = (s.namespace, s.name)
-                happened = key not in acknowledged and self.event(s, last.get(key))
-                counts[s.namespace] = (population + 1, events + int(happened))
+                event = (self.event(s, last.get(key)) and key not in acknowledged
+                         and s.share_key not in spent)
+                counts[s.share_key] = (population + 1, happened + int(event))
         if not counts:
-            return 0.0, 0
-        return sum(events / population for population, events in counts.values()) / len(counts), len(counts)
+            return _Share(0.0, 0, ())
+        share = sum(happened / population for population, happened in counts.values()) / len(counts)
+        events = tuple(ns for ns, (_, happened) in counts.items() if happened)
+        return _Share(share, len(counts), events)
 
     def describe(self, share: float, namespaces: int, fleet_fraction: float) -> str:
         return (
@@ -165,6 +200,8 @@ def limits_problem(limits: BrakeLimits) -> str | None:
         problems.append(f"brakes.minNamespaces must be at least 1 (got {limits.min_namespaces})")
     if not limits.hold_minutes >= 0:
         problems.append(f"brakes.holdMinutes must be 0 or more (got {limits.hold_minutes})")
+    if not limits.recount_minutes >= 0:
+        problems.append(f"brakes.recountMinutes must be 0 or more (got {limits.recount_minutes})")
     if limits.max_stops_per_pass < 0:
         problems.append(f"brakes.maxStopsPerPass must be 0 (no cap) or more (got {limits.max_stops_per_pass})")
     if limits.max_warnings_per_pass < 0:
@@ -188,8 +225,8 @@ def _fair(items: Sequence[Seen]) -> list[Seen]:
     ranks: dict[str, int] = {}
     ranked = []
     for s in sorted(items, key=_due):
-        rank = ranks.get(s.namespace, 0)
-        ranks[s.namespace] = rank + 1
+        rank = ranks.get(s.share_key, 0)
+        ranks[s.share_key] = rank + 1
         ranked.append((rank, _due(s), s))
     return [s for _, _, s in sorted(ranked, key=lambda r: (r[0], r[1]))]
 
@@ -217,6 +254,15 @@ def _carried_hold(
     return state.held_until, state.why
 
 
+def _still_spent(
+    spent: Mapping[str, Mapping[str, datetime]], limits: BrakeLimits, now: datetime
+) -> dict[str, dict[str, datetime]]:
+    """The namespaces that made a trip less than recount_minutes ago, per signal."""
+    kept = {signal: {key: at for key, at in keys.items() if now < add_minutes(at, limits.recount_minutes)}
+            for signal, keys in spent.items()}
+    return {signal: keys for signal, keys in kept.items() if keys}
+
+
 def apply_brakes(
     seen: Sequence[Seen],
     state: BrakeState,
@@ -233,12 +279,16 @@ def apply_brakes(
     acknowledged = frozenset(k for k in state.acknowledged if k in by_key and by_key[k].state != "active")
     if released:
         acknowledged |= frozenset(k for k, s in by_key.items() if s.state != "active")
+    spent = _still_spent(state.spent, limits, now)
     for signal in SIGNALS:
-        share, namespaces = signal.share(by_key.values(), state.last, acknowledged)
-        shares[signal.name] = share
-        if limits.enabled and share > limits.fleet_fraction and namespaces >= limits.min_namespaces:
+        recent = spent.get(signal.name, {})
+        counted = signal.share(by_key.values(), state.last, acknowledged, recent.keys())
+        shares[signal.name] = counted.share
+        if (limits.enabled and counted.share > limits.fleet_fraction
+                and len(counted.events) >= limits.min_namespaces):
             trips.append(signal.name)
-            texts.append(signal.describe(share, namespaces, limits.fleet_fraction))
+            texts.append(signal.describe(counted.share, counted.namespaces, limits.fleet_fraction))
+            spent[signal.name] = {**recent, **dict.fromkeys(counted.events, now)}
 
     held_until, why = _carried_hold(state, limits, now, released_at)
     tripped_at = state.tripped_at
@@ -257,6 +307,7 @@ def apply_brakes(
             why=why,
             tripped_at=tripped_at,
             acknowledged=acknowledged,
+            spent=spent,
         ),
         held=held,
         why=why if held else None,

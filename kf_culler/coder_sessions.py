@@ -116,6 +116,17 @@ def coder_session(ws: Mapping[str, Any], namespace: str, now: datetime) -> dict[
     }
 
 
+def fairness_key(key: tuple[str, str]) -> str:
+    """Whose share a session takes where shares are fair (the notices' queue and rate, the brakes' weighting and
+    per-pass caps): its namespace, but for a Coder workspace (all of them in the admin's one namespace) its
+    Coder owner, `<namespace>/<owner>` (a `/` is in no namespace). `key` is the pass's key (`session_key`)."""
+    namespace, name = key
+    prefix = f"{CODER.kind}/"
+    if name.startswith(prefix):
+        return f"{namespace}/{name[len(prefix):].split('.', 1)[0]}"
+    return namespace
+
+
 def pods_by_workspace(pods: Iterable[dict[str, Any]], namespace: str) -> dict[str, list[dict[str, Any]]]:
     """The pods of the admin's Coder namespace by their `com.coder.workspace.id` label (pods elsewhere are
     not Coder's, whatever their labels say)."""

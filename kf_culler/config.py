@@ -292,6 +292,7 @@ class BrakeSettings(_Model):
     fleet_fraction: float = Field(default=0.5, alias="fleetFraction", gt=0, le=1)
     min_namespaces: int = Field(default=3, alias="minNamespaces", ge=1, le=100_000)
     hold_minutes: float = Field(default=60, alias="holdMinutes", ge=0, le=10 * 24 * 60)
+    recount_minutes: float = Field(default=1440, alias="recountMinutes", ge=0, le=30 * 24 * 60)
     max_stops_per_pass: int = Field(default=500, alias="maxStopsPerPass", ge=0, le=1_000_000)
     max_warnings_per_pass: int = Field(default=1000, alias="maxWarningsPerPass", ge=0, le=1_000_000)
 
@@ -305,7 +306,7 @@ class BrakeSettings(_Model):
     @property
     def limits(self) -> BrakeLimits:
         return BrakeLimits(self.enabled, self.fleet_fraction, self.min_namespaces, self.hold_minutes,
-                           self.max_stops_per_pass, self.max_warnings_per_pass)
+                           self.recount_minutes, self.max_stops_per_pass, self.max_warnings_per_pass)
 
 
 class IstioSettings(_Model):
@@ -425,6 +426,26 @@ class LabelSelector(_Model):
                                                                strict=False)
 
 
+class SkipControlledBy(_Model):
+    """One `workloads.skipControlledBy` entry: workloads whose controller is of `kind` (`<API group>/<Kind>`), in
+    one of `namespaces`, are an operator's, never sessions."""
+
+    kind: Annotated[str, StringConstraints(pattern=r"^[a-z0-9.-]+/[A-Za-z0-9]+$")]
+    namespaces: tuple[Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")], ...] = (
+        Field(strict=False, min_length=1))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_kind_alone(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            raise ValueError(
+                f"{data!r} is a kind alone; give {{kind: {data}, namespaces: [...]}} with the namespaces where only "
+                "admins or the operator create such objects: a profile user can create objects of many kinds in "
+                "their own namespace (an InferenceService with kubeflow-edit) and point their workload's "
+                "ownerReference at one")
+        return data
+
+
 class WorkloadSettings(_Model):
     """Plain Deployments and StatefulSets as sessions (`targets: [workloads]`, docs/targets.md)."""
 
@@ -434,11 +455,15 @@ class WorkloadSettings(_Model):
     gpu_workloads: bool = Field(default=False, alias="gpuWorkloads")
     kinds: tuple[Literal["Deployment", "StatefulSet"], ...] = Field(default=("Deployment", "StatefulSet"),
                                                                     strict=False, min_length=1)
-    # Controllers whose workloads are theirs to scale (an operator's), never sessions: `<API group>/<Kind>`, e.g.
-    # serving.kserve.io/InferenceService. An ownerReference is its owner's to write: list only kinds whose
-    # objects profile users cannot create.
-    skip_controlled_by: tuple[Annotated[str, StringConstraints(pattern=r"^[a-z0-9.-]+/[A-Za-z0-9]+$")], ...] = Field(
-        default=(), alias="skipControlledBy", strict=False)
+    # Controllers whose workloads are theirs to scale (an operator's), never sessions, in the namespaces named with
+    # each (`docs/targets.md`, "Plain workloads"): namespaces where profile users cannot create objects, since a
+    # user can point an ownerReference at any object of their own (a small InferenceService of theirs, say).
+    skip_controlled_by: tuple[SkipControlledBy, ...] = Field(default=(), alias="skipControlledBy", strict=False)
+
+    @property
+    def skips(self) -> tuple[tuple[str, frozenset[str]], ...]:
+        """(`<API group>/<Kind>`, its namespaces) of every skipControlledBy entry."""
+        return tuple((s.kind, frozenset(s.namespaces)) for s in self.skip_controlled_by)
 
     @model_validator(mode="after")
     def _chooses(self) -> WorkloadSettings:

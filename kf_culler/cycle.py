@@ -18,7 +18,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes
-from kf_culler.coder_sessions import observation_of
+from kf_culler.coder_sessions import fairness_key, observation_of
 from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
 from kf_culler.gather import DNS_LABEL, Gathered, Request, gather, proxied_namespaces, template_for, url_for
@@ -338,7 +338,8 @@ class Cycle:
         if self.brakes is None:
             return None
         seen = [Seen(j.sel.key[0], j.sel.key[1], j.sel.view.pod_start is not None, j.sel.view.gpus > 0,
-                     j.verdict.state, self._brake_action(j), j.verdict.stop_at) for j in judged]
+                     j.verdict.state, self._brake_action(j), j.verdict.stop_at, fairness_key(j.sel.key))
+                for j in judged]
         outcome = apply_brakes(seen, self.brake_state, self.brakes, now, self.released_at)
         for j in judged:
             key, v = j.sel.key, j.verdict

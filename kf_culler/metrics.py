@@ -59,6 +59,9 @@ class Metrics:
         self.contested = Gauge("kf_culler_gpu_contested_pods", "Pods whose GPU series contradict each other (a "
                                "series not from dcgm-exporter claims their GPU): their GPU reads no-signal",
                                registry=r)
+        self.coder_unjudged = Gauge("kf_culler_coder_workspaces_unjudged", "Coder workspaces listed beyond "
+                                    "coder.maxWorkspaces in the last listing: not judged, left as they are",
+                                    registry=r)
         self.leader = Gauge("kf_culler_leader", "1 while this replica holds the lease", registry=r)
         self.long_stopped = Gauge("kf_culler_long_stopped_notebooks", "Notebooks stopped longer than "
                                   "longStoppedDays, by whether they request a GPU", ["gpu"], registry=r)

@@ -131,12 +131,12 @@ def selection(notebook: dict[str, Any], pod: dict[str, Any] | None, settings: Se
 
 def selects_workload(workload: dict[str, Any], settings: Settings) -> bool:
     """Whether a Deployment or StatefulSet may be a session (`targets: [workloads]`, docs/targets.md): of a kind
-    `workloads.kinds` names, not controlled by a kind of `workloads.skipControlledBy`, and with the labels of
-    `workloads.selector` or, with `workloads.gpuWorkloads`, a pod template asking for a GPU (its owner cannot
-    relabel that away). The StatefulSets Notebook and Workspace sessions are paired with are left out later
-    (kf_culler/targets.py `session_statefulset`): other ownerReferences are their owner's to write."""
+    `workloads.kinds` names, not controlled by a kind of `workloads.skipControlledBy` in a namespace named with it,
+    and with the labels of `workloads.selector` or, with `workloads.gpuWorkloads`, a pod template asking for a GPU
+    (its owner cannot relabel that away). The StatefulSets Notebook and Workspace sessions are paired with are left
+    out later (kf_culler/targets.py `session_statefulset`): other ownerReferences are their owner's to write."""
     chosen = settings.operations.workloads
-    if chosen is None or not isinstance(workload, dict) or controlled_by_kind(workload, chosen.skip_controlled_by):
+    if chosen is None or not isinstance(workload, dict) or controlled_by_kind(workload, chosen.skips):
         return False
     if target_of(workload) not in WORKLOADS or workload.get("kind") not in chosen.kinds:
         return False

@@ -143,6 +143,7 @@ class Runner:
     coder: CoderClient | None = None
     coder_listed: list[dict[str, Any]] | None = None
     coder_problem: str | None = None
+    coder_unjudged: int = 0  # workspaces Coder listed beyond coder.maxWorkspaces in the last listing
     _coder_user_checked: bool = False
     _events: CycleResult | None = None  # the last pass, while its Events may still be going out
     _unsent: tuple[NotebookResult, ...] = ()  # results whose Event could not be sent yet (the API server down)
@@ -224,8 +225,15 @@ class Runner:
             self._check_coder_user(client)
         now = self.clock()
         try:
-            self.coder_listed = client.list_workspaces()
-            self.coder_problem = None
+            listing = client.list_workspaces()
+            self.coder_listed, self.coder_problem = listing.workspaces, None
+            if listing.unjudged and listing.unjudged != self.coder_unjudged:
+                log.warning("Coder workspaces: %s%d more than coder.maxWorkspaces (%d) are listed; the culler judges "
+                            "the first %d by owner and name and leaves the others as they are",
+                            "" if listing.complete else "at least ", listing.unjudged,
+                            self.settings.operations.coder.max_workspaces if self.settings.operations.coder else 0,
+                            len(listing.workspaces))
+            self.coder_unjudged = listing.unjudged
         except CoderError as err:
             if self.coder_problem != str(err):
                 log.warning("Coder workspaces: %s; they get no signal until Coder can be read", err)
@@ -340,7 +348,9 @@ class Runner:
         if self.cache is not None and self.cache.synced:
             live = {str((nb.get("metadata") or {}).get("uid")) for nb, _ in snapshot}
             selects, owns = self.settings.operations.namespaces.selects, self.owns or (lambda _ns: True)
-            unknown = self.coder_namespace if self.coder is not None and self.coder_listed is None else None
+            # Coder not read yet, or some of its workspaces left out: their records are kept
+            unknown = (self.coder_namespace if self.coder is not None
+                       and (self.coder_listed is None or self.coder_unjudged) else None)
             self.records.sweep(live, lambda ns: selects(ns) and owns(ns) and ns != unknown)
         self.records.flush()
 

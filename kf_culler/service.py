@@ -82,6 +82,7 @@ def observers(runner_of: Callable[[], Runner], metrics: Metrics, elector: Leader
                 by_ns[o.namespace] = by_ns.get(o.namespace, 0) + 1
             metrics.observe_orphans(by_ns)
             metrics.contested.set(len(runner.gpu_contested))
+            metrics.coder_unjudged.set(runner.coder_unjudged)
 
             def ours(nb: dict[str, Any]) -> bool:  # the culler's own record says it stopped the notebook
                 found = records.get(str((nb.get("metadata") or {}).get("uid"))) if records is not None else None

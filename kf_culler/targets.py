@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,16 +229,21 @@ def workspace_port(ws: Mapping[str, Any], kind: Mapping[str, Any] | None) -> tup
     return None
 
 
-def controlled_by_kind(obj: Mapping[str, Any], kinds: tuple[str, ...]) -> bool:
-    """Whether the object's controller is of one of `kinds`, each `<API group>/<Kind>` (an admin's list of
-    operators that own their workloads' scale: `workloads.skipControlledBy`). The group must match too: an
-    ownerReference to an owner that does not exist in a served API is garbage-collected away, one to an
-    unserved API is not, so a kind alone could be borrowed."""
-    refs = _dict(obj.get("metadata")).get("ownerReferences")
+def controlled_by_kind(obj: Mapping[str, Any], skips: Iterable[tuple[str, Collection[str]]]) -> bool:
+    """Whether the object is in one of the namespaces of a `skips` entry (`<API group>/<Kind>`, namespaces: the
+    admin's `workloads.skipControlledBy`) and its controller is of that entry's kind. The namespace is what a
+    profile user cannot forge: an ownerReference is its object's owner's to write, to any object of their own of
+    any kind they may create, and a namespaced owner is always in its dependent's namespace; so only workloads in
+    namespaces where profile users cannot create objects are skipped. The group must match too (an ownerReference
+    to an owner that does not exist in an unserved API is not garbage-collected)."""
+    meta = _dict(obj.get("metadata"))
+    namespace = str(meta.get("namespace") or "")
+    refs = meta.get("ownerReferences")
     for ref in refs if isinstance(refs, list) else []:
         if isinstance(ref, dict) and ref.get("controller") is True:
             group = str(ref.get("apiVersion") or "").rpartition("/")[0]
-            return f"{group}/{ref.get('kind')}" in kinds
+            kind = f"{group}/{ref.get('kind')}"
+            return any(kind == skip and namespace in namespaces for skip, namespaces in skips)
     return False
 
 

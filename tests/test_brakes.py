@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -150,12 +151,22 @@ def test_without_a_release_the_notebooks_coming_due_trip_again() -> None:
 
 
 def test_an_acknowledged_notebook_seen_active_again_counts_again() -> None:
+    """Seen active, a notebook leaves the acknowledged set. Its turning idle again within recountMinutes of the
+    trip it made does not count toward newly-idle:gpu again; its coming due counts toward `stops`, so a second
+    GPU zero is still held when it matters; after recountMinutes its turning idle counts again."""
     out, zeroed = gpu_zero()
     released = apply_brakes(zeroed, out.state, LIMITS, minutes(8), released_at=minutes(6))
     back = apply_brakes(fleet(), released.state, LIMITS, minutes(9))  # every GPU works again
     assert back.state.acknowledged == frozenset()
     idle_again = apply_brakes(zeroed, back.state, LIMITS, minutes(10))
-    assert idle_again.trips == ("newly-idle:gpu",) and idle_again.held
+    assert idle_again.trips == () and not idle_again.held
+    everyone_stops = [replace(s, action="stop") for s in zeroed]
+    due = apply_brakes(everyone_stops, idle_again.state, LIMITS, minutes(11))
+    assert due.trips == ("stops",) and due.held and due.held_stops == stop_keys(everyone_stops)
+    a_day_later = apply_brakes(fleet(), due.state, LIMITS, minutes(5 + 1440))
+    assert a_day_later.state.spent.get("newly-idle:gpu") is None  # the window of the first trip is over
+    idle_then = apply_brakes(zeroed, a_day_later.state, LIMITS, minutes(5 + 1441))
+    assert idle_then.trips == ("newly-idle:gpu",) and idle_then.held
 
 
 def test_one_tenant_with_500_notebooks_cannot_trip_a_hold() -> None:
@@ -304,6 +315,7 @@ def test_limits_problem() -> None:
     assert "brakes.minNamespaces" in (limits_problem(BrakeLimits(min_namespaces=0)) or "")
     assert "brakes.holdMinutes" in (limits_problem(BrakeLimits(hold_minutes=-1)) or "")
     assert "brakes.holdMinutes" in (limits_problem(BrakeLimits(hold_minutes=math.nan)) or "")
+    assert "brakes.recountMinutes" in (limits_problem(BrakeLimits(recount_minutes=-1)) or "")
     assert "brakes.maxStopsPerPass" in (limits_problem(BrakeLimits(max_stops_per_pass=-1)) or "")
     assert "brakes.maxWarningsPerPass" in (limits_problem(BrakeLimits(max_warnings_per_pass=-1)) or "")
     one_tenant = limits_problem(BrakeLimits(min_namespaces=2, fleet_fraction=0.5))
@@ -324,3 +336,100 @@ def test_one_namespace_with_many_stops_due_takes_one_place_a_round() -> None:
     assert {(s.namespace, s.name) for s in others} <= let_through
     assert len(let_through) == 10 and sum(ns == "big" for ns, _ in let_through) == 5
     assert {("big", f"nb-{j:03d}") for j in range(5)} <= let_through  # the big one's earliest due
+
+
+# -- a tenant flapping notebooks in several profiles ----------------------------------------------------------
+
+def flapping_night(passes: int, profiles: int, *, others: int = 0, zero_at: int | None = None,
+                   released_at: datetime | None = None, limits: BrakeLimits = LIMITS,
+                   rename: bool = False) -> list[Outcome]:
+    """One pass a minute. A user who is a contributor in `profiles` profiles flips one GPU notebook in each
+    between active and idle every other pass; the namespace `night` has one GPU notebook idle and due to stop
+    in every pass (as a new one would come due); `others` namespaces have a GPU notebook at work, until pass
+    `zero_at`, from which on every GPU reads 0 (a restarted dcgm-exporter). `rename`: the flipped notebook is a
+    new one every two passes (`flip-<n>`)."""
+    state, outcomes = BrakeState(), []
+    for i in range(passes):
+        zeroed = zero_at is not None and i >= zero_at
+        flip = f"flip-{i // 2}" if rename else "flip"
+        seen = [nb(f"mallory-{p}", flip, "active" if i % 2 == 0 and not zeroed else "idle")
+                for p in range(profiles)]
+        seen += [nb("night", "due", "idle", "stop", stop_at=minutes(i - 1))]
+        seen += [nb(f"team-{t}", "work", "idle" if zeroed else "active") for t in range(others)]
+        release = released_at if released_at is not None and released_at <= minutes(i) else None  # as read
+        out = apply_brakes(seen, state, limits, minutes(i), release)
+        outcomes.append(out)
+        state = out.state
+    return outcomes
+
+
+def held_passes(outcomes: Sequence[Outcome]) -> list[int]:
+    return [i for i, out in enumerate(outcomes) if ("night", "due") in out.held_stops]
+
+
+def test_a_tenant_flipping_a_notebook_in_two_profiles_holds_no_stop() -> None:
+    """Three namespaces run GPU notebooks (a night); two of them are one user's, flipped every other pass: the
+    events come from two namespaces, under brakes.minNamespaces (3), so the third namespace's due stop is never
+    held, in none of 240 passes."""
+    outcomes = flapping_night(240, profiles=2)
+    assert max(out.shares["newly-idle:gpu"] for out in outcomes) == pytest.approx(2 / 3)  # over 0.5, yet
+    assert held_passes(outcomes) == []
+    assert all(out.trips == () for out in outcomes)
+
+
+def test_a_tenant_flipping_notebooks_in_three_profiles_trips_once_a_window() -> None:
+    """With three profiles the first flip trips (events in three namespaces of four); the same notebooks do not
+    count again for brakes.recountMinutes, so the hold ends after holdMinutes and no later pass holds the due
+    stop of the fourth namespace."""
+    outcomes = flapping_night(300, profiles=3)
+    trips = [i for i, out in enumerate(outcomes) if out.trips]
+    assert trips == [1]
+    held = held_passes(outcomes)
+    assert held == list(range(1, 61))  # the trip at minute 1 holds until minute 61
+    assert outcomes[-1].state.spent["newly-idle:gpu"].keys() == {f"mallory-{p}" for p in range(3)}
+
+
+def test_new_notebooks_of_the_same_namespaces_do_not_count_again_either() -> None:
+    """The same user replaces the flipped notebook by a new one of another name every two passes (seen active,
+    then idle): the namespaces that made the trip are spent, not only their notebooks."""
+    outcomes = flapping_night(300, profiles=3, rename=True)
+    assert [i for i, out in enumerate(outcomes) if out.trips] == [1]
+    assert held_passes(outcomes) == list(range(1, 61))
+
+
+def test_an_admin_release_holds_against_the_flapping() -> None:
+    outcomes = flapping_night(300, profiles=3, released_at=minutes(10))
+    assert held_passes(outcomes) == list(range(1, 10))
+
+
+def test_a_fleet_wide_gpu_zero_still_trips_amid_the_flapping() -> None:
+    """While one user flaps notebooks in three profiles (3 namespaces of 11: no trip), a GPU zero across the
+    fleet trips and holds every stop from its first pass."""
+    outcomes = flapping_night(240, profiles=3, others=7, zero_at=200)
+    assert [i for i, out in enumerate(outcomes) if out.trips] == [200]
+    assert outcomes[200].trips == ("newly-idle:gpu",)
+    assert outcomes[200].shares["newly-idle:gpu"] == pytest.approx(7 / 11)
+    assert held_passes(outcomes) == list(range(200, 240))
+
+
+def test_a_fleet_wide_gpu_zero_after_a_flapping_trip_still_trips() -> None:
+    """The flapping notebooks made a trip and are spent (the other namespaces' notebooks stopped for the night);
+    when the fleet is back and every GPU reads 0, the spent notebooks count as no event, the others count."""
+    state = flapping_night(100, profiles=3)[-1].state
+    fleet_back = [nb(f"mallory-{p}", "flip") for p in range(3)] + [nb(f"team-{t}", "work") for t in range(7)]
+    first = apply_brakes(fleet_back, state, LIMITS, minutes(100))
+    zero = apply_brakes([replace(s, state="idle") for s in fleet_back], first.state, LIMITS, minutes(101))
+    assert zero.trips == ("newly-idle:gpu",) and zero.held
+    assert zero.shares["newly-idle:gpu"] == pytest.approx(7 / 10)
+
+
+def test_a_trip_needs_events_in_min_namespaces_namespaces() -> None:
+    """Three namespaces run GPU notebooks, two of them turn idle: 2/3 of the namespace-weighted share, yet not
+    a fleet; the third one too, a trip."""
+    before = fleet(namespaces=3)
+    first = apply_brakes(before, BrakeState(), LIMITS, T0)
+    two = [replace(s, state="idle") if s.namespace != "team-2" else s for s in before]
+    out = apply_brakes(two, first.state, LIMITS, minutes(5))
+    assert out.shares["newly-idle:gpu"] == pytest.approx(2 / 3) and out.trips == ()
+    three = apply_brakes([replace(s, state="idle") for s in before], first.state, LIMITS, minutes(5))
+    assert three.trips == ("newly-idle:gpu",)

@@ -239,7 +239,9 @@ def test_the_client_pages_and_never_says_the_token(stub: str, tmp_path: Path) ->
     _Stub.pages = [{"id": str(i)} for i in range(5)]
     _Stub.seen = []
     settings = CoderSettings.model_validate({"url": stub, "tokenFile": str(token), "namespace": NS, "pageSize": 2})
-    assert [w["id"] for w in CoderClient(settings).list_workspaces()] == ["0", "1", "2", "3", "4"]
+    listing = CoderClient(settings).list_workspaces()
+    assert [w["id"] for w in listing.workspaces] == ["0", "1", "2", "3", "4"]
+    assert listing.unjudged == 0 and listing.complete
     assert [s.split(" ")[0].rsplit("=", 1)[1] for s in _Stub.seen] == ["0", "2", "4"]
     assert all(s.endswith(" s3cret-token-value") for s in _Stub.seen)
     with pytest.raises(CoderError) as err:
@@ -255,3 +257,108 @@ def test_the_client_pages_and_never_says_the_token(stub: str, tmp_path: Path) ->
     missing = CoderSettings.model_validate({"url": stub, "tokenFile": str(tmp_path / "none"), "namespace": NS})
     with pytest.raises(CoderError, match=r"cannot read coder\.tokenFile"):
         CoderClient(missing).list_workspaces()
+
+
+def many(owners: dict[str, int]) -> list[dict[str, Any]]:
+    """Workspaces of the recorded shape `running_agent`, `n` for each owner, with ids and names of their own, in
+    the order Coder lists them (running first, then by owner and name: here a shuffle of owners)."""
+    out = []
+    for owner, n in owners.items():
+        for i in range(n):
+            ws = shape("running_agent")
+            ws.update({"owner_name": owner, "name": f"ws-{i}", "id": f"00000000-0000-4000-8000-{len(out):012d}"})
+            out.append(ws)
+    return out[::-1]
+
+
+def test_more_workspaces_than_max_judges_the_first_in_a_stable_order(stub: str, tmp_path: Path) -> None:
+    """Over coder.maxWorkspaces the listing no longer fails: it keeps the first maxWorkspaces by owner and name,
+    whatever order Coder answers in, and counts the others. The Coder API is a stand-in HTTP listing of the
+    recorded shape (a real Coder needs hack/coder/build.sh, which the end-to-end tests use)."""
+    from kf_culler.config import CoderSettings
+
+    token = tmp_path / "token"
+    token.write_text("t")
+    settings = CoderSettings.model_validate({"url": stub, "tokenFile": str(token), "namespace": NS, "pageSize": 2,
+                                             "maxWorkspaces": 4})
+    _Stub.pages = many({"carol": 2, "alice": 3, "bob": 2})
+    listing = CoderClient(settings).list_workspaces()
+    assert [(w["owner_name"], w["name"]) for w in listing.workspaces] == [
+        ("alice", "ws-0"), ("alice", "ws-1"), ("alice", "ws-2"), ("bob", "ws-0")]
+    assert listing.unjudged == 3 and listing.complete
+    _Stub.pages = _Stub.pages[::-1]  # Coder's order moved (running first): the same four are kept
+    again = CoderClient(settings).list_workspaces()
+    assert [w["id"] for w in again.workspaces] == [w["id"] for w in listing.workspaces]
+    # What is kept makes sessions as ever; the left-out workspaces make none (never idle: not judged).
+    items = coder_items(listing.workspaces, NS, [], t(shape("running_agent")["last_used_at"]))
+    assert [s["metadata"]["name"] for s, _ in items] == ["alice.ws-0", "alice.ws-1", "alice.ws-2", "bob.ws-0"]
+    # Reading stops after READ_FACTOR x maxWorkspaces: the count is then a lower bound.
+    from kf_culler.sources.coder import READ_FACTOR
+
+    _Stub.pages = many({"dave": READ_FACTOR * 4 + 5})
+    capped = CoderClient(settings).list_workspaces()
+    assert len(capped.workspaces) == 4 and capped.unjudged == READ_FACTOR * 4 - 4 and not capped.complete
+
+
+def test_fairness_is_keyed_by_the_coder_owner() -> None:
+    """Every Coder workspace is in the admin's one namespace: the notices' queue and the brakes take each Coder
+    owner as a tenant of its own, so one Coder user's flood waits behind their own notices only."""
+    from kf_culler.coder_sessions import fairness_key
+    from kf_culler.notify.fairqueue import FairQueue
+
+    alice, bob = many({"alice": 1, "bob": 1})[::-1]
+    now = t(alice["last_used_at"])
+    ka, kb = session_key(coder_session(alice, NS, now)), session_key(coder_session(bob, NS, now))
+    assert (fairness_key(ka), fairness_key(kb)) == (f"{NS}/alice", f"{NS}/bob")
+    assert fairness_key(("team-a", "nb")) == "team-a" and fairness_key(("team-a", "Workspace/ws")) == "team-a"
+    fair: FairQueue[str] = FairQueue(size=100, per_namespace=3, per_hour=100)
+    for i in range(3):
+        fair.put_nowait(fairness_key(ka), f"alice-{i}")
+    fair.put_nowait(fairness_key(kb), "bob-0")  # alice's queue is full; bob's notice still goes in
+    assert [fair.get(0.1) for _ in range(4)] == ["alice-0", "bob-0", "alice-1", "alice-2"]
+
+
+def test_the_brakes_weigh_coder_owners_as_tenants() -> None:
+    """One Coder user's ten workspaces turning idle are one tenant among four, not the whole of one namespace."""
+    from kf_culler.brakes import BrakeLimits, BrakeState, Seen, apply_brakes
+    from kf_culler.coder_sessions import fairness_key
+
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    owners = many({"mallory": 10, "alice": 1, "bob": 1, "carol": 1})
+    keys = [session_key(coder_session(ws, NS, now)) for ws in owners]
+
+    def seen(idle: str) -> list[Seen]:
+        return [Seen(ns, name, True, True, "idle" if f"/{idle}." in name else "active", "keep", None,
+                     fairness_key((ns, name))) for ns, name in keys]
+
+    first = apply_brakes(seen(""), BrakeState(), BrakeLimits(), now)
+    out = apply_brakes(seen("mallory"), first.state, BrakeLimits(), now + timedelta(minutes=1))
+    assert out.shares["newly-idle:gpu"] == pytest.approx(1 / 4) and out.trips == ()
+
+
+@pytest.mark.cluster
+def test_the_runner_judges_the_first_and_reports_the_rest(kube: Any, namespace: str, stub: str,
+                                                          tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The runner over a listing past coder.maxWorkspaces: the first maxWorkspaces become sessions, the rest are
+    counted in `coder_unjudged` (the metric kf_culler_coder_workspaces_unjudged) and logged; before, the whole
+    list failed and, after a restart, no Coder workspace was judged. The pods come from a real API server (the
+    test namespace stands for coder.namespace); Coder is the stand-in HTTP listing of the recorded shape."""
+    from kf_culler.metrics import Metrics
+    from kf_culler.runner import Runner
+    from kf_culler.service import instrument
+
+    token = tmp_path / "token"
+    token.write_text("t")
+    _Stub.pages = many({"carol": 2, "alice": 3, "bob": 2})
+    settings = load_mapping({"targets": ["coder"], "namespaces": {"include": [namespace]},
+                             "coder": {"url": stub, "tokenFile": str(token), "namespace": namespace,
+                                       "pageSize": 2, "maxWorkspaces": 4}}, "test")
+    metrics = Metrics()
+    with Runner(settings, kube.api_client(), records_namespace=namespace) as runner, caplog.at_level("WARNING"):
+        instrument(runner, metrics)
+        items = runner.coder_items()
+        runner.once()
+    assert [s["metadata"]["name"] for s, _ in items] == ["alice.ws-0", "alice.ws-1", "alice.ws-2", "bob.ws-0"]
+    assert runner.coder_unjudged == 3 and runner.coder_problem is None
+    assert "3 more than coder.maxWorkspaces (4)" in caplog.text
+    assert b"kf_culler_coder_workspaces_unjudged 3.0" in metrics.render()

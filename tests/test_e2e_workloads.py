@@ -11,6 +11,8 @@ pods run no containers).
 - A restart is the replicas coming back: seen from the culler's record, not stopped again at once.
 - Which workloads are sessions: the admin's label selector (its owner can remove the label), or with
   `gpuWorkloads` every workload asking for a GPU; never one that something else controls.
+- `workloads.skipControlledBy` only in the admin's namespaces: a tenant's GPU Deployment "owned" by a small
+  InferenceService of their own stays a session (on the API server alone).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
+from need import missing
 from support.kustomize import component_rbac, delete_cluster_rbac
 
 from kf_culler.config import load_mapping
@@ -37,7 +40,7 @@ from kf_culler.local.router import Router
 from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION
 from kf_culler.plan import EVENT_STOP
 from kf_culler.runner import Runner
-from kf_culler.targets import REPLICAS_BEFORE_ANNOTATION
+from kf_culler.targets import REPLICAS_BEFORE_ANNOTATION, session_key
 
 pytestmark = pytest.mark.cluster
 TIMEOUT = 90.0
@@ -224,3 +227,86 @@ def test_components_workloads_rbac_scales_a_session_and_nothing_more(env: Env, f
         assert status(lambda: apps.delete_namespaced_replica_set("x", env.namespace)) == 403
     finally:
         delete_cluster_rbac(env.api, objs)
+
+
+ISVC_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "inferenceservices.serving.kserve.io"},
+    "spec": {"group": "serving.kserve.io", "scope": "Namespaced",
+             "names": {"plural": "inferenceservices", "singular": "inferenceservice", "kind": "InferenceService",
+                       "listKind": "InferenceServiceList"},
+             "versions": [{"name": "v1beta1", "served": True, "storage": True,
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]}}
+# What kubeflow-edit gives a profile contributor here: workloads, and KServe's edit role (inferenceservices).
+TENANT_RULES = [
+    {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"], "verbs": ["*"]},
+    {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": ["*"]},
+]
+
+
+def _isvc_and_deployment(api: Any, namespace: str, isvc: str, name: str) -> None:
+    """An InferenceService `isvc` and a one-GPU Deployment `name` whose controller ownerReference points at it,
+    created through `api` (a tenant's identity or the admin's)."""
+    made = client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "serving.kserve.io", "v1beta1", namespace, "inferenceservices",
+        {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": isvc},
+         "spec": {"predictor": {"model": {"modelFormat": {"name": "sklearn"}}}}})
+    client.AppsV1Api(api).create_namespaced_deployment(namespace, {
+        "metadata": {"name": name, "ownerReferences": [
+            {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "name": isvc,
+             "uid": made["metadata"]["uid"], "controller": True}]},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [
+                     {"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+
+
+def test_skip_controlled_by_cannot_be_satisfied_by_a_tenants_own_owner(kube: Any, namespace: str) -> None:
+    """`workloads.skipControlledBy` as a profile user would try it, on the real API server (the pairing is the
+    culler's cache's; no controller needs to run). Alice, with kubeflow-edit's rights on workloads and KServe's
+    edit role, creates a small InferenceService and a GPU Deployment whose controller ownerReference points at
+    it: the API server accepts it, and the culler still lists her Deployment as a session. The same shape in the
+    admin's namespace that the entry names (where the operator creates its Deployments) is skipped. The
+    InferenceService CRD is registered with an open schema (KServe's controller does not run here)."""
+    if kube.local is None:
+        missing("a local control plane (a client certificate for a user)", "the cluster target is not local")
+    admin = kube.api_client()
+    ext = client.ApiextensionsV1Api(admin)
+    with contextlib.suppress(ApiException):
+        ext.create_custom_resource_definition(ISVC_CRD)
+    procs.wait_until(lambda: any(c.type == "Established" and c.status == "True" for c in (
+        ext.read_custom_resource_definition(ISVC_CRD["metadata"]["name"]).status.conditions or [])),
+        TIMEOUT, 0.2, "the InferenceService CRD to be established")
+    rbac, core = client.RbacAuthorizationV1Api(admin), client.CoreV1Api(admin)
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "profile-edit"}, "rules": TENANT_RULES})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "alice-edit"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "profile-edit"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice@example.com"}]})
+    alice = kube.api_client(kube.local.user_kubeconfig("alice@example.com"))
+    models = f"models-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": models}})
+    try:
+        procs.wait_until(lambda: _can_create(alice, namespace), TIMEOUT, 0.2, "alice's Role to take effect")
+        _isvc_and_deployment(alice, namespace, "small", "big")  # the attack, as alice
+        _isvc_and_deployment(admin, models, "served", "served-predictor")  # the operator's
+        with pytest.raises(ApiException) as refused:  # alice cannot write the admin's namespace
+            _isvc_and_deployment(alice, models, "mine", "mine-predictor")
+        assert refused.value.status == 403
+        settings = load_mapping({
+            "targets": ["workloads"], "namespaces": {"include": [namespace, models]},
+            "workloads": {"gpuWorkloads": True, "skipControlledBy": [
+                {"kind": "serving.kserve.io/InferenceService", "namespaces": [models]}]}}, "test")
+        with Runner(settings, admin, records_namespace=namespace) as runner:  # its cache started and synced
+            assert runner.cache is not None
+            sessions = sorted(session_key(obj) for obj, _ in runner.cache.snapshot())
+        assert sessions == [(namespace, "Deployment/big")]
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(models)
+
+
+def _can_create(api: Any, namespace: str) -> bool:
+    review = client.AuthorizationV1Api(api).create_self_subject_access_review({"spec": {"resourceAttributes": {
+        "namespace": namespace, "verb": "create", "group": "apps", "resource": "deployments"}}})
+    return bool(review.status.allowed)

@@ -205,23 +205,31 @@ def test_ownerreferences_a_user_writes_keep_no_workload_out_of_culling() -> None
     both = owned_by({("team", "a"): decoy, ("team", "b"): real}, "Workspace")
     pods = {("team", "ws-ws1-zzzzz-0"): gpu_pod, ("team", "ws-ws1-aaaaa-0"): idle_pod}
     assert workspace_pod(ws(), both, pods) is gpu_pod  # the GPU cannot be hidden behind another StatefulSet
-    operator = load_mapping({"targets": ["workloads"], "workloads": {
-        "gpuWorkloads": True, "skipControlledBy": ["serving.kserve.io/InferenceService"]}}, "t")
+    operator = load_mapping({"targets": ["workloads"], "workloads": {"gpuWorkloads": True, "skipControlledBy": [
+        {"kind": "serving.kserve.io/InferenceService", "namespaces": ["models"]}]}}, "t")
+    isvc = [{"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "name": "p", "uid": "i",
+             "controller": True}]
     served = deployment("p")
-    served["metadata"]["ownerReferences"] = [{"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-                                              "name": "p", "uid": "i", "controller": True}]
-    assert not selects_workload(served, operator)
+    served["metadata"].update(namespace="models", ownerReferences=isvc)
+    assert not selects_workload(served, operator)  # the operator's, in the admin's namespace
+    forged = deployment("p")
+    forged["metadata"]["ownerReferences"] = isvc  # a user's GPU Deployment "owned" by a small InferenceService
+    assert selects_workload(forged, operator)  # of their own, in their namespace: still a session
     borrowed = deployment("q")
-    borrowed["metadata"]["ownerReferences"] = [{"apiVersion": "x.example/v1", "kind": "InferenceService",
-                                                "name": "q", "uid": "i", "controller": True}]
+    borrowed["metadata"].update(namespace="models", ownerReferences=[
+        {"apiVersion": "x.example/v1", "kind": "InferenceService", "name": "q", "uid": "i", "controller": True}])
     assert selects_workload(borrowed, operator)  # the kind alone, from an unserved API: still a session
-    try:
-        load_mapping({"targets": ["workloads"], "workloads": {"gpuWorkloads": True,
-                                                              "skipControlledBy": ["InferenceService"]}}, "t")
-    except Exception as err:
-        assert "skipControlledBy" in str(err)
-    else:
-        raise AssertionError("a kind without its API group was accepted")
+    for bad, says in ((["InferenceService"], "skipControlledBy"),
+                      (["serving.kserve.io/InferenceService"], "is a kind alone"),
+                      ([{"kind": "serving.kserve.io/InferenceService"}], "namespaces"),
+                      ([{"kind": "serving.kserve.io/InferenceService", "namespaces": []}], "namespaces")):
+        try:
+            load_mapping({"targets": ["workloads"], "workloads": {"gpuWorkloads": True, "skipControlledBy": bad}},
+                         "t")
+        except Exception as err:
+            assert says in str(err) and "skipControlledBy" in str(err), str(err)
+        else:
+            raise AssertionError(f"{bad} was accepted")
 
 
 def test_a_recorded_session_keeps_what_stopped_is_read_from() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_when_event_set, wait_exponential
 
+from kf_culler.coder_sessions import fairness_key
 from kf_culler.config import Notifications, Settings
 from kf_culler.model import RESTARTED_AT_ANNOTATION, STOP_ANNOTATION, WARNED_AT_ANNOTATION
 from kf_culler.notify import SendError
@@ -112,7 +113,7 @@ class Notifier:
         if notice.kind not in self.settings.kinds:
             return False
         try:
-            self.queue.put_nowait(notice.namespace, notice)
+            self.queue.put_nowait(fairness_key(notice.key), notice)
             return True
         except queue.Full:
             outcome, why = "dropped", "notification queue full (in all, or for this namespace)"

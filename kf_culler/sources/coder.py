@@ -2,13 +2,19 @@
 and the stop build.
 
     client = CoderClient(settings.operations.coder)
-    workspaces = client.list_workspaces()            # GET /api/v2/workspaces?limit=&offset=, every page
+    listing = client.list_workspaces()               # GET /api/v2/workspaces?limit=&offset=, every page
     answer = client.stop(workspace_id)               # POST /api/v2/workspaces/{id}/builds {"transition":"stop"}
 
 Every request has a connect and a read timeout and a bounded body; a list that cannot be had raises
 `CoderError`, whose text never holds the token (it is read from `coder.tokenFile` at each request, a mounted
 Secret, and sent only in the `Coder-Session-Token` header). A list page that fails for a transient reason
 (connection, timeout, 5xx) is asked once more.
+
+More workspaces than `coder.maxWorkspaces` do not fail the list: the listing keeps the first `maxWorkspaces`
+in a stable order (by owner, then name, then id; Coder's own order puts running workspaces first, which moves
+as they start and stop), and says how many it left out (`CoderListing.unjudged`): the culler judges those it
+kept and reports the others (a log line, `kf_culler_coder_workspaces_unjudged`), never as idle. Reading stops
+after READ_FACTOR x `maxWorkspaces` workspaces (then `unjudged` is a lower bound).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from kf_culler.config import CoderSettings
 
 MAX_PAGE_BYTES = 32 << 20  # one page of `pageSize` workspaces (about 4 KiB each with their resources and agents)
 MAX_ANSWER_BYTES = 1 << 20  # a build's answer
+READ_FACTOR = 4  # at most this many times coder.maxWorkspaces workspaces are read in one listing
 
 
 class CoderError(Exception):
@@ -34,6 +41,19 @@ class CoderError(Exception):
 
 class _Transient(CoderError):
     """Worth one more try: no connection, a timeout, a 5xx."""
+
+
+@dataclass(frozen=True)
+class CoderListing:
+    workspaces: list[dict[str, Any]]  # at most coder.maxWorkspaces, in the stable order (`order_key`)
+    unjudged: int = 0  # workspaces Coder listed beyond coder.maxWorkspaces (at least this many, when `complete`
+    # is False)
+    complete: bool = True  # every page was read
+
+
+def order_key(ws: dict[str, Any]) -> tuple[str, str, str]:
+    """The stable order in which the first coder.maxWorkspaces workspaces are kept."""
+    return str(ws.get("owner_name") or ""), str(ws.get("name") or ""), str(ws.get("id") or "")
 
 
 @dataclass(frozen=True)
@@ -106,11 +126,12 @@ class CoderClient:
             raise _Transient(f"Coder answered HTTP {status}{_message(doc)}")
         return status, doc
 
-    def list_workspaces(self) -> list[dict[str, Any]]:
-        """Every workspace the token may read, page by page (`limit`/`offset`), at most `maxWorkspaces`."""
+    def list_workspaces(self) -> CoderListing:
+        """The workspaces the token may read, page by page (`limit`/`offset`): the first `maxWorkspaces` of them by
+        `order_key`, and how many more there were (see the module's docstring)."""
         size, cap = self.settings.page_size, self.settings.max_workspaces
-        out: list[dict[str, Any]] = []
-        offset = 0
+        kept: list[dict[str, Any]] = []  # the first `cap` by order_key, and at most 2 x cap before a cut
+        listed = offset = 0
         while True:
             retrying = Retrying(stop=stop_after_attempt(2), wait=wait_fixed(0.5),
                                 retry=retry_if_exception_type(_Transient), reraise=True)
@@ -122,13 +143,16 @@ class CoderClient:
             page = doc.get("workspaces") if isinstance(doc, dict) else None
             if not isinstance(page, list) or not all(isinstance(w, dict) for w in page):
                 raise CoderError("listing workspaces: Coder's answer has no list of workspaces")
-            out.extend(page)
+            kept.extend(page)
+            listed += len(page)
+            if len(kept) >= 2 * cap:
+                kept = sorted(kept, key=order_key)[:cap]
             count = doc.get("count") if isinstance(doc, dict) else None
             offset += len(page)
-            if len(out) > cap:
-                raise CoderError(f"Coder lists more than coder.maxWorkspaces ({cap}) workspaces")
-            if len(page) < size or (isinstance(count, int) and offset >= count) or not page:
-                return out
+            done = len(page) < size or (isinstance(count, int) and offset >= count) or not page
+            if done or listed >= READ_FACTOR * cap:
+                workspaces = sorted(kept, key=order_key)[:cap]
+                return CoderListing(workspaces, listed - len(workspaces), done)
 
     def me(self) -> dict[str, Any]:
         """The token's user (`GET /api/v2/users/me`): its roles say whether it may stop others' workspaces."""
