@@ -47,10 +47,11 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Settings | None:
-    from kf_culler.config import ConfigError, load_file, load_mapping
+    from kf_culler.config import ConfigError, load_mapping
+    from kf_culler.config_layers import load_layered
 
     try:
-        settings = load_file(args.config) if args.config else load_mapping({}, "defaults")
+        settings = load_layered(args.config) if args.config else load_mapping({}, "defaults")
     except ConfigError as err:
         print(f"kf-culler {args.command}: {err}", file=sys.stderr)
         return None
@@ -270,7 +271,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", metavar="FILE", help="configuration YAML (default: built-in defaults)")
+    p.add_argument("--config", "-c", metavar="FILE",
+                   help="configuration YAML, with the *.fragment.yaml files beside it merged in "
+                   "(docs/configuration.md, \"Fragments\"; default: built-in defaults)")
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="kubeconfig to use (default: in-cluster service account, else ~/.kube/config)")
     p.add_argument("--culler-namespace", metavar="NAMESPACE", default=None,

@@ -22,7 +22,8 @@ from support.kustomize import render
 from support.target import KubeTarget
 from test_rbac import apply
 
-from kf_culler.config import Settings, load_file, load_mapping
+from kf_culler.config import Settings, load_mapping
+from kf_culler.config_layers import load_layered
 from kf_culler.kube import istio
 from kf_culler.kube.istio import GROUP, NAME, PLURAL, VERSION, PolicyKeeper
 from kf_culler.local import objects as obj
@@ -89,15 +90,18 @@ def test_the_component_grants_the_rights_and_turns_the_option_on(tmp_path: Path)
                   and o["metadata"]["name"] == "kf-culler-istio-policies"]
     assert binding["roleRef"]["name"] == "kf-culler-istio-policies"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kf-culler", "namespace": "kubeflow"}]
-    # The configuration the Deployment mounts: the base's, plus the istio section, and it loads.
+    # The configuration the Deployment mounts: the base's config.yaml untouched, the istio section in a fragment
+    # beside it, and the two load.
     mine, base = mounted_config(objs), mounted_config(render(KUSTOMIZE / "base"))
-    assert {k: v for k, v in mine.items() if k != "istio"} == base
-    assert mine["istio"] == {"manageAuthorizationPolicies": True, "principal": PRINCIPAL, "reconcileEveryPasses": 1}
+    assert mine == base
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("kf-culler-config")]
+    assert yaml.safe_load(cm["data"]["istio-policies.fragment.yaml"]) == {"istio": {
+        "manageAuthorizationPolicies": True, "principal": PRINCIPAL, "reconcileEveryPasses": 1}}
     (sa,) = [o for o in objs if o["kind"] == "ServiceAccount"]
     assert f"cluster.local/ns/{sa['metadata']['namespace']}/sa/{sa['metadata']['name']}" == PRINCIPAL
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump(mine))
-    assert load_file(cfg).operations.istio.manage_authorization_policies
+    for name, text in cm["data"].items():
+        (tmp_path / name).write_text(text)
+    assert load_layered(tmp_path / "config.yaml").operations.istio.manage_authorization_policies
     for o in objs:
         assert (o["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "kf-culler", o["metadata"]
 
