@@ -369,3 +369,47 @@ def test_a_policy_the_culler_cannot_put_in_place_is_a_confirmed_access_problem(
     assert (second.verdict.action, second.verdict.state, second.verdict.rule) == (
         "keep", "no-signal", "16-access-problem")
     assert "kf-culler-probes is not in place" in second.verdict.reason and "403" in second.verdict.reason
+
+
+# --- the paths admitted, per target ----------------------------------------------------------------------------------
+
+
+def _workspace_probe_paths(namespace: str, name: str, port_id: str) -> list[str]:
+    """The paths of the culler's probes of a Workspace, built as the culler builds them: the `urls.workspace`
+    template with the connect prefix (kf_culler/kube/cache.py), then each IDE probe's own URLs."""
+    from urllib.parse import urlsplit
+
+    from kf_culler.config import Urls
+    from kf_culler.sources.codeserver import healthz_url
+    from kf_culler.sources.jupyter import API_PARTS, api_url
+    from kf_culler.targets import CONNECT_PREFIX
+
+    out = []
+    for path in (CONNECT_PREFIX.format(namespace=namespace, name=name, port_id=port_id), "/"):
+        base = Urls().workspace.format(service=f"ws-{name}", namespace=namespace, clusterDomain="cluster.local",
+                                       port=8888, path=path)
+        out += [urlsplit(api_url(base, p)).path for p in API_PARTS] + [urlsplit(healthz_url(base)).path]
+    return out
+
+
+def test_the_kept_policy_admits_the_workspace_probes_only_with_the_workspaces_target() -> None:
+    """With `targets: [notebooks, workspaces]` the policy the culler keeps admits every path its Workspace probes
+    request (the connect prefix /workspace/connect/<ns>/<name>/<port id>/ and a kind's port served at the root), and
+    still nothing else; with notebooks alone, no Workspace path."""
+    from test_kustomize import _probe_paths, _template_matches
+
+    both = istio.policy_spec(PRINCIPAL, ("notebooks", "workspaces"))["rules"][0]["to"][0]["operation"]["paths"]
+    alone = istio.policy_spec(PRINCIPAL)["rules"][0]["to"][0]["operation"]["paths"]
+    probes = _workspace_probe_paths("team-a", "my-ws", "jupyterlab")
+    assert any(p.startswith("/workspace/connect/team-a/my-ws/jupyterlab/api/") for p in probes)
+    for path in probes + _probe_paths("team-a", "nb"):
+        assert any(_template_matches(t, path) for t in both), path
+    assert not [p for p in probes if p.startswith("/workspace/") and any(_template_matches(t, p) for t in alone)]
+    for other in ("/workspace/connect/team-a/my-ws/jupyterlab/lab", "/workspace/connect/team-a/my-ws/jupyterlab/",
+                  "/workspace/connect/team-a/my-ws/jupyterlab/api/contents",
+                  "/workspace/connect/team-a/my-ws/jupyterlab/api/kernels/abc/channels",
+                  "/workspace/connect/team-a/my-ws/api/status", "/notebook/team-a/nb/lab", "/lab", "/"):
+        assert not any(_template_matches(t, other) for t in both), other
+    keeper = PolicyKeeper.for_settings(load_mapping({"targets": ["notebooks", "workspaces"], "istio": {
+        "manageAuthorizationPolicies": True}}, "t"), client.ApiClient())
+    assert keeper.targets == ("notebooks", "workspaces")
