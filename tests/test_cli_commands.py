@@ -141,3 +141,20 @@ def test_the_rendered_dry_run_configuration_with_components_is_dry_run(tmp_path:
     assert settings.operations.dry_run is True
     assert settings.operations.istio.manage_authorization_policies
     assert settings.operations.targets == ("notebooks", "workspaces")
+
+
+def test_the_kf_culler_commands_in_install_md_parse_and_check_reads_the_mounted_configuration() -> None:
+    """Every `kf-culler` command line in docs/install.md's shell blocks parses with the culler's own parser as
+    written, and each `check` or `explain` given there names the configuration the culler runs with."""
+    import re
+    import shlex
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "install.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    lines = [line.strip() for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    commands = [shlex.split(m.group(1)) for line in lines if (m := re.search(r"(?:^|-- )kf-culler ([a-z].*)$", line))]
+    assert {c[0] for c in commands} >= {"check", "explain", "release-brakes"}
+    for argv in commands:
+        args = build_parser().parse_args(argv)  # SystemExit(2) on anything the parser refuses
+        if args.command in ("check", "explain"):
+            assert args.config == "/etc/kf-culler/config.yaml", argv
