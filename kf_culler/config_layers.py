@@ -4,8 +4,9 @@ A kustomize component never replaces the admin's `config.yaml`: it adds a fragme
 `<component>.fragment.yaml`, to the same ConfigMap, so both land in the directory the ConfigMap is mounted at.
 The culler reads `--config FILE` and every `*.fragment.yaml` in FILE's directory, merged in this order:
 
-1. the fragments, by file name; a key two fragments both set (to different values) is an error naming both
-   files and the key; mappings are merged key by key, so two fragments may fill different keys of one section;
+1. the fragments, by file name; a key two fragments both set to different values is an error naming both
+   files and the key, unless the admin's file sets it; mappings are merged key by key, so two fragments may
+   fill different keys of one section;
 2. `targets` is a union: the admin's `targets` (or the default, `[notebooks]`, when the admin's file sets none),
    then each target a fragment adds, in fragment order;
 3. the admin's file last: every other key it sets (at any depth of a mapping) wins over the fragments'.
@@ -69,18 +70,20 @@ def _mapping(data: object, source: str) -> dict[str, Any]:
     return {str(k): v for k, v in data.items()}
 
 
-def _add_fragment(into: dict[str, Any], data: dict[str, Any], source: str, origins: Origins, prefix: str) -> None:
+def _add_fragment(into: dict[str, Any], data: dict[str, Any], source: str, origins: Origins, prefix: str,
+                  conflicts: list[str]) -> None:
     for key, value in data.items():
         where = f"{prefix}{key}"
         if key not in into:
             into[key] = copy.deepcopy(value)
             origins.set(where, source)
         elif isinstance(into[key], dict) and isinstance(value, dict):
-            _add_fragment(into[key], value, source, origins, f"{where}.")
+            _add_fragment(into[key], value, source, origins, f"{where}.", conflicts)
         elif into[key] != value:
-            raise ConfigError(f"{source}: key '{where}': set to {value!r} here and to {into[key]!r} in "
-                              f"{origins(where)}; two fragments may not set one key differently (set it in the "
-                              "admin's file, which wins over both, or drop one of the components)")
+            conflicts.append(where)
+            conflicts.append(f"{source}: key '{where}': set to {value!r} here and to {into[key]!r} in "
+                             f"{origins(where)}; two fragments may not set one key differently (set it in the "
+                             "admin's file, which wins over both, or drop one of the components)")
 
 
 def _add_admin(into: dict[str, Any], data: dict[str, Any], source: str, origins: Origins, prefix: str) -> None:
@@ -100,6 +103,7 @@ def merge(admin: tuple[str, object], fragments: list[tuple[str, object]]) -> tup
     origins = Origins([admin_name, *(name for name, _ in fragments)])
     merged: dict[str, Any] = {}
     added: dict[str, list[tuple[str, Any]]] = {k: [] for k in _UNION_KEYS}
+    conflicts: list[str] = []  # key, message, key, message, ...
     for name, raw in fragments:
         data = _mapping(raw, name)
         for key in _UNION_KEYS:
@@ -108,8 +112,11 @@ def merge(admin: tuple[str, object], fragments: list[tuple[str, object]]) -> tup
                 if not isinstance(value, list):
                     raise ConfigError(f"{name}: key '{key}' must be a list")
                 added[key] += [(name, v) for v in value]
-        _add_fragment(merged, data, name, origins, "")
+        _add_fragment(merged, data, name, origins, "", conflicts)
     _add_admin(merged, {k: v for k, v in mine.items() if k not in _UNION_KEYS}, admin_name, origins, "")
+    for where, message in zip(conflicts[::2], conflicts[1::2], strict=True):
+        if origins(where) != admin_name:  # the admin's file did not settle it
+            raise ConfigError(message)
     for key in _UNION_KEYS:
         if not added[key]:
             if key in mine:
