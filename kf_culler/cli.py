@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -15,11 +14,43 @@ if TYPE_CHECKING:
 
 from kf_culler import __version__
 
-EXIT_CODES = """exit codes:
-  0  success (decide: a verdict was printed; check: the pass completed)
-  1  a runtime failure (the API server could not be reached, a component failed to start)
-  2  bad input or configuration (the message names the key or the problem)
-"""
+# Each command's exit codes, shown at the end of its --help (argparse exits 2 on a bad argument for every command).
+EXIT_CODES = {
+    "kf-culler": "exit codes: each command's own, in `kf-culler COMMAND --help`; 2 for a bad argument everywhere",
+    "decide": "0  the verdict was printed\n"
+              "2  bad input: the scenario cannot be read, or it or its configuration is invalid (the message names "
+              "the key)",
+    "check": "0  the pass completed and the table was printed\n"
+             "1  no Kubernetes credentials, or the notebooks could not be listed within --timeout (the API server "
+             "unreachable, the Notebook CRD missing)\n"
+             "2  bad configuration (the message names the file and the key) or argument",
+    "explain": "0  the session's evidence and verdict were printed\n"
+               "1  no Kubernetes credentials, the notebooks could not be listed within --timeout, the session was "
+               "not found, or the configuration does not select it\n"
+               "2  bad configuration (the message names the file and the key), or not NAMESPACE/NAME",
+    "run": "0  stopped by SIGTERM or SIGINT (with --once: the pass completed)\n"
+           "1  no Kubernetes credentials, or a component failed to start\n"
+           "2  bad configuration (the message names the file and the key) or argument",
+    "release-brakes": "0  the brakes' ConfigMap was written: the culler's next pass ends the hold\n"
+                      "1  the ConfigMap could not be written (credentials, rights, the API server)\n"
+                      "2  bad argument",
+    "demo": "0  the demo ran to its end\n"
+            "1  a local component failed (the message says which)\n"
+            "2  the demo extra is not installed (the message says how to install it)\n"
+            "130  interrupted (Ctrl-C)",
+    "fleet": "0  the trace was written (or the behaviours listed)\n"
+             "1  the trace could not be written\n"
+             "2  a bad argument (--start, --mix, ...)",
+    "replay": "0  the report was printed\n"
+              "1  a plot was asked for without matplotlib\n"
+              "2  a bad trace, policy file or --timeline",
+}
+
+
+def _epilog(command: str) -> str:
+    codes = EXIT_CODES[command]
+    return codes + "\n" if command == "kf-culler" else "exit codes:\n" + "".join(
+        f"  {line}\n" for line in codes.splitlines())
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
@@ -47,10 +78,11 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Settings | None:
-    from kf_culler.config import ConfigError, load_file, load_mapping
+    from kf_culler.config import ConfigError, load_mapping
+    from kf_culler.config_layers import load_layered
 
     try:
-        settings = load_file(args.config) if args.config else load_mapping({}, "defaults")
+        settings = load_layered(args.config) if args.config else load_mapping({}, "defaults")
     except ConfigError as err:
         print(f"kf-culler {args.command}: {err}", file=sys.stderr)
         return None
@@ -58,8 +90,8 @@ def _settings(args: argparse.Namespace) -> Settings | None:
 
 
 def _runner(args: argparse.Namespace, settings: Settings) -> Runner | None:
-    from kf_culler.kube.client import api_client
-    from kf_culler.runner import Runner, own_namespace
+    from kf_culler.kube.client import api_client, culler_namespace
+    from kf_culler.runner import Runner
 
     try:
         api = api_client(args.kubeconfig)
@@ -67,7 +99,7 @@ def _runner(args: argparse.Namespace, settings: Settings) -> Runner | None:
         print(f"kf-culler {args.command}: cannot load Kubernetes credentials: {err}", file=sys.stderr)
         return None
     return Runner(settings, api, dry_run=bool(vars(args).get("dry_run")) or args.command != "run",
-                  records_namespace=args.culler_namespace or own_namespace(), brakes=args.command == "run")
+                  records_namespace=culler_namespace(args.culler_namespace), brakes=args.command == "run")
 
 
 def _synced_runner(args: argparse.Namespace) -> Runner | int:
@@ -159,8 +191,7 @@ def _notifications(runner: Runner, ns: str, name: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kf_culler.kube.client import api_client
-    from kf_culler.runner import own_namespace
+    from kf_culler.kube.client import api_client, culler_namespace
     from kf_culler.service import Options, serve
 
     settings = _settings(args)
@@ -171,21 +202,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     except Exception as err:
         print(f"kf-culler run: cannot load Kubernetes credentials: {err}", file=sys.stderr)
         return 1
+    namespace = culler_namespace(args.culler_namespace)
     return serve(settings, api, Options(
         once=args.once, metrics_address=args.metrics_address, api_address=args.api_address,
-        leader_elect=args.leader_elect, lease_namespace=args.lease_namespace or args.culler_namespace,
+        leader_elect=args.leader_elect, lease_namespace=args.lease_namespace or namespace,
         lease_name=args.lease_name, record=args.record, record_hash_key=args.record_hash_key,
         json_logs=not args.text_logs, dry_run=args.dry_run,
-        records_namespace=args.culler_namespace or own_namespace()))
+        records_namespace=namespace))
 
 
 def cmd_release_brakes(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from kf_culler.kube.brakes import NAME, release
-    from kf_culler.kube.client import api_client
+    from kf_culler.kube.client import api_client, culler_namespace
 
-    namespace = args.culler_namespace or os.environ.get("POD_NAMESPACE") or "kubeflow"
+    namespace = culler_namespace(args.culler_namespace)
     try:
         release(api_client(args.kubeconfig), namespace, datetime.now(UTC))
     except Exception as err:
@@ -269,13 +301,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
                           max_list=args.max_list)
 
 
+def _namespace_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--culler-namespace", metavar="NAMESPACE", default=None,
+                   help="the culler's own namespace: its record of notebooks (ConfigMaps kf-culler-records-*), the "
+                   "brakes' ConfigMap kf-culler-brakes, its Leases (default: POD_NAMESPACE, else the namespace of the "
+                   "pod's ServiceAccount, else kubeflow)")
+
+
 def _cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", metavar="FILE", help="configuration YAML (default: built-in defaults)")
+    p.add_argument("--config", "-c", metavar="FILE",
+                   help="configuration YAML, with the *.fragment.yaml files beside it merged in "
+                   "(docs/configuration.md, \"Fragments\"; default: built-in defaults)")
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="kubeconfig to use (default: in-cluster service account, else ~/.kube/config)")
-    p.add_argument("--culler-namespace", metavar="NAMESPACE", default=None,
-                   help="the culler's own namespace, where it keeps its record of notebooks (ConfigMaps "
-                   "kf-culler-records-*; default: POD_NAMESPACE, else default)")
+    _namespace_arg(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -283,27 +322,27 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kf-culler",
         description="Idle culler for Kubeflow Notebooks: reads Jupyter, code-server, RStudio and GPU signals "
         "and stops idle notebooks through kubeflow-resource-stopped, saying why.",
-        epilog=EXIT_CODES,
+        epilog=_epilog("kf-culler"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"kf-culler {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("decide", help="decide one scenario file (see docs/decisions.md) and print the verdict",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_epilog("decide"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", "-i", required=True, metavar="FILE|-", help="scenario JSON, or - for stdin")
     p.add_argument("--compact", action="store_true", help="print the verdict on one line")
     p.set_defaults(func=cmd_decide)
 
     p = sub.add_parser("check", help="one pass over the cluster, writing nothing; prints a table",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_epilog("check"), formatter_class=argparse.RawDescriptionHelpFormatter)
     _cluster_args(p)
     p.add_argument("--output", "-o", choices=("table", "wide", "json", "yaml"), default="table")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the notebook list")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("explain", help="every source's answer for one notebook, and the rule that decided",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_epilog("explain"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("notebook", metavar="NAMESPACE/NAME",
                    help="a Notebook; another target's session as NAMESPACE/Workspace/NAME, NAMESPACE/Deployment/NAME "
                    "or NAMESPACE/StatefulSet/NAME (docs/targets.md)")
@@ -312,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("run", help="the culler: a pass every checkPeriodSeconds until SIGTERM",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_epilog("run"), formatter_class=argparse.RawDescriptionHelpFormatter)
     _cluster_args(p)
     p.add_argument("--dry-run", action="store_true", help="decide and report, write nothing")
     p.add_argument("--once", action="store_true", help="run one pass and exit")
@@ -322,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve the read-only verdict API /api/v1/ here (e.g. 0.0.0.0:9091; docs/verdict-api.md)")
     p.add_argument("--leader-elect", action="store_true",
                    help="hold a coordination.k8s.io Lease; only the holder writes")
-    p.add_argument("--lease-namespace", default=None, help="namespace of the Lease (default: POD_NAMESPACE)")
+    p.add_argument("--lease-namespace", default=None,
+                   help="namespace of the Lease (default: the culler's namespace, --culler-namespace)")
     p.add_argument("--lease-name", default="kf-culler")
     p.add_argument("--record", metavar="FILE", help="append what the culler observed to a replay trace")
     p.add_argument("--record-hash-key", metavar="KEY",
@@ -332,14 +372,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("release-brakes", help="end the brakes' hold on stops (an admin's confirmation: "
                        "ConfigMap kf-culler-brakes in the culler's namespace)",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig to use (default: ~/.kube/config)")
-    p.add_argument("--culler-namespace", metavar="NAMESPACE", default=None,
-                   help="the culler's own namespace (default: POD_NAMESPACE, else kubeflow, the overlays')")
+                       epilog=_epilog("release-brakes"), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig to use (default: in-cluster service account, else ~/.kube/config)")
+    _namespace_arg(p)
     p.set_defaults(func=cmd_release_brakes)
 
     p = sub.add_parser("demo", help="a local control plane, real Jupyter servers, and a culling to watch",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_epilog("demo"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--idle-seconds", type=float, default=30.0, help="the demo's idle limit (default 30)")
     p.add_argument("--warn-seconds", type=float, default=15.0, help="warning before the stop (default 15)")
     p.add_argument("--gpu", action="store_true",
@@ -351,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("fleet", help="write a seeded synthetic fleet trace (with ground truth) for replay",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_epilog("fleet"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--notebooks", type=int, default=500, help="number of notebooks (default 500)")
     p.add_argument("--days", type=float, default=7, help="days to cover, from a Monday 00:00 UTC (default 7)")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
@@ -367,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_fleet)
 
     p = sub.add_parser("replay", help="replay a trace through policies: GPU-hours reclaimed, interruptions",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_epilog("replay"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", metavar="TRACE", help="trace file (JSON Lines, .gz allowed; see docs/replay.md)")
     p.add_argument("--config", "-c", metavar="POLICY", help="policy YAML/JSON (default: built-in defaults)")
     p.add_argument("--compare", action="append", metavar="POLICY",

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
@@ -630,12 +631,21 @@ class Settings:
                 + "; ".join(f"gpuWithoutMetrics: {c}: {what[c]}" for c in choices))
 
 
-def _describe(err: ValidationError, source: str, prefix: str = "") -> str:
+# Where a key came from: one file's name, or a function of the key (dotted, e.g. `coder.url`, `rules[0]`) naming
+# the file that set it (the admin's file and the fragments merged into it, kf_culler/config_layers.py).
+Source: TypeAlias = str | Callable[[str], str]
+
+
+def _at(source: Source, key: str) -> str:
+    return source if isinstance(source, str) else source(key)
+
+
+def _describe(err: ValidationError, source: Source, prefix: str = "") -> str:
     parts = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if p != "__root__")
         key = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "(top level)"
-        parts.append(f"{source}: key '{key}': {e['msg']}")
+        parts.append(f"{_at(source, key)}: key '{key}': {e['msg']}")
     return "; ".join(parts)
 
 
@@ -643,7 +653,7 @@ def _describe(err: ValidationError, source: str, prefix: str = "") -> str:
 _INLINE_SECRETS = {"password": "passwordFile", "url": "urlFile (or urlEnv)"}
 
 
-def _refuse_inline_secrets(raw: object, source: str) -> None:
+def _refuse_inline_secrets(raw: object, source: Source) -> None:
     if not isinstance(raw, dict):
         return
     places: list[tuple[str, object]] = [("notifications.email", raw.get("email"))]
@@ -656,8 +666,9 @@ def _refuse_inline_secrets(raw: object, source: str) -> None:
         for key, instead in _INLINE_SECRETS.items():
             if key in section:
                 raise ConfigError(
-                    f"{source}: key '{where}.{key}': credentials are not read from the configuration (it is a "
-                    f"ConfigMap); put the value in the Secret kf-culler-notifications and set {instead}")
+                    f"{_at(source, f'{where}.{key}')}: key '{where}.{key}': credentials are not read from the "
+                    f"configuration (it is a ConfigMap); put the value in the Secret kf-culler-notifications and "
+                    f"set {instead}")
 
 
 # Every URL-valued key, and where its credential belongs instead: a URL's user name or password would be
@@ -678,7 +689,7 @@ def _has_userinfo(url: str) -> bool:
     return "@" in rest
 
 
-def _refuse_userinfo(data: dict[Any, Any], source: str) -> None:
+def _refuse_userinfo(data: dict[Any, Any], source: Source) -> None:
     for section, key, instead in _URL_KEYS:
         raw = data.get(section)
         value = raw.get(key) if isinstance(raw, dict) else None
@@ -686,20 +697,20 @@ def _refuse_userinfo(data: dict[Any, Any], source: str) -> None:
             (f"{section}.{key}", value)]
         for where, url in urls:
             if isinstance(url, str) and _has_userinfo(url):
-                raise ConfigError(f"{source}: key '{where}': a URL with a user name or password (user:pass@host) "
-                                  f"is refused, it would be shown wherever the URL is; put the credential in "
-                                  f"{instead} instead")
+                raise ConfigError(f"{_at(source, where)}: key '{where}': a URL with a user name or password "
+                                  f"(user:pass@host) is refused, it would be shown wherever the URL is; put the "
+                                  f"credential in {instead} instead")
 
 
-def load_mapping(data: object, source: str) -> Settings:
+def load_mapping(data: object, source: Source) -> Settings:
     """Validate a decoded mapping (from a file or a scenario's `config`)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the configuration must be a mapping, not {type(data).__name__}")
-    unknown = sorted(str(k) for k in data if k not in _POLICY_KEYS | _OPS_KEYS | {_OVERRIDES_KEY, _RULES_KEY})
+        raise ConfigError(f"{_at(source, '')}: the configuration must be a mapping, not {type(data).__name__}")
+    unknown = unknown_keys(data)
     if unknown:
-        raise ConfigError(f"{source}: unknown key '{unknown[0]}'" + (
+        raise ConfigError(f"{_at(source, unknown[0])}: unknown key '{unknown[0]}'" + (
             f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
     _refuse_inline_secrets(data.get("notifications"), source)
     _refuse_userinfo(data, source)
@@ -711,15 +722,16 @@ def load_mapping(data: object, source: str) -> Settings:
         raise ConfigError(_describe(err, source)) from None
     overrides_raw = data.get(_OVERRIDES_KEY) or {}
     if not isinstance(overrides_raw, dict):
-        raise ConfigError(f"{source}: key '{_OVERRIDES_KEY}' must map namespaces to policy keys")
+        raise ConfigError(f"{_at(source, _OVERRIDES_KEY)}: key '{_OVERRIDES_KEY}' must map namespaces to policy keys")
     overrides: dict[str, Policy] = {}
     for namespace, raw in overrides_raw.items():
         where = f"{_OVERRIDES_KEY}.{namespace}"
         if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: key '{where}' must be a mapping of policy keys")
+            raise ConfigError(f"{_at(source, where)}: key '{where}' must be a mapping of policy keys")
         bad = sorted(str(k) for k in raw if k not in _POLICY_KEYS)
         if bad:
-            raise ConfigError(f"{source}: unknown key '{where}.{bad[0]}' (only policy keys may be overridden)")
+            raise ConfigError(f"{_at(source, where)}: unknown key '{where}.{bad[0]}' (only policy keys may be "
+                              "overridden)")
         try:
             overrides[str(namespace)] = Policy.model_validate({**base_raw, **raw})
         except ValidationError as err:
@@ -727,33 +739,34 @@ def load_mapping(data: object, source: str) -> Settings:
     return Settings(policy, operations, overrides, _load_rules(data.get(_RULES_KEY), base_raw, source))
 
 
-def _load_rules(raw: object, base_raw: dict[str, Any], source: str) -> tuple[PolicyRule, ...]:
+def _load_rules(raw: object, base_raw: dict[str, Any], source: Source) -> tuple[PolicyRule, ...]:
     """`rules`: an ordered list of {name, match, policy}; a rule's policy is the top level plus its keys."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise ConfigError(f"{source}: key '{_RULES_KEY}' must be a list of {{name, match, policy}}")
+        raise ConfigError(f"{_at(source, _RULES_KEY)}: key '{_RULES_KEY}' must be a list of {{name, match, policy}}")
     rules: list[PolicyRule] = []
     for i, entry in enumerate(raw):
         where = f"{_RULES_KEY}[{i}]"
         if not isinstance(entry, dict):
-            raise ConfigError(f"{source}: key '{where}' must be a mapping with name, match and policy")
+            raise ConfigError(f"{_at(source, where)}: key '{where}' must be a mapping with name, match and policy")
         bad = sorted(str(k) for k in entry if k not in ("name", "match", "policy"))
         if bad:
-            raise ConfigError(f"{source}: unknown key '{where}.{bad[0]}' (a rule has name, match and policy)")
+            raise ConfigError(f"{_at(source, where)}: unknown key '{where}.{bad[0]}' (a rule has name, match and "
+                              "policy)")
         try:
             head = _RuleHead.model_validate({k: v for k, v in entry.items() if k != "policy"})
         except ValidationError as err:
             raise ConfigError(_describe(err, source, prefix=f"{where}.")) from None
         if head.name == DEFAULT_RULE or head.name in (r.name for r in rules):
-            raise ConfigError(f"{source}: key '{where}.name': {head.name!r} is "
+            raise ConfigError(f"{_at(source, where)}: key '{where}.name': {head.name!r} is "
                               + ("reserved for the top-level policy" if head.name == DEFAULT_RULE else "used twice"))
         keys = entry.get("policy") or {}
         if not isinstance(keys, dict):
-            raise ConfigError(f"{source}: key '{where}.policy' must be a mapping of policy keys")
+            raise ConfigError(f"{_at(source, where)}: key '{where}.policy' must be a mapping of policy keys")
         unknown = sorted(str(k) for k in keys if k not in _POLICY_KEYS)
         if unknown:
-            raise ConfigError(f"{source}: unknown key '{where}.policy.{unknown[0]}' in rule '{head.name}' "
+            raise ConfigError(f"{_at(source, where)}: unknown key '{where}.policy.{unknown[0]}' in rule '{head.name}' "
                               "(only policy keys may be set)")
         try:
             policy = Policy.model_validate({**base_raw, **keys})
@@ -763,16 +776,25 @@ def _load_rules(raw: object, base_raw: dict[str, Any], source: str) -> tuple[Pol
     return tuple(rules)
 
 
-def load_file(path: str | Path) -> Settings:
-    """Read and validate a YAML or JSON configuration file."""
+def read_data(path: str | Path) -> Any:
+    """A YAML or JSON configuration file's decoded content (not validated)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{p}: cannot read: {err.strerror or err}") from None
     try:
-        data: Any = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        return json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as err:
         raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
                           f"{str(err).splitlines()[0]}") from None
-    return load_mapping(data, str(p))
+
+
+def unknown_keys(data: dict[Any, Any]) -> list[str]:
+    """The top-level keys of a configuration mapping that are no configuration key, sorted."""
+    return sorted(str(k) for k in data if k not in _POLICY_KEYS | _OPS_KEYS | {_OVERRIDES_KEY, _RULES_KEY})
+
+
+def load_file(path: str | Path) -> Settings:
+    """Read and validate a YAML or JSON configuration file."""
+    return load_mapping(read_data(path), str(Path(path)))

@@ -98,7 +98,8 @@ def sources_for(settings: Settings) -> tuple[BulkSource | None, BulkSource | Non
 
 
 def own_namespace() -> str:
-    """The culler's own namespace: POD_NAMESPACE (the Deployment sets it), else `default`."""
+    """A Runner's namespace when it is given none (a library use; the commands always give it, from
+    kf_culler/kube/client.py's `culler_namespace`): POD_NAMESPACE, else `default`."""
     return os.environ.get("POD_NAMESPACE") or "default"
 
 
@@ -199,7 +200,8 @@ class Runner:
 
     def _prober(self) -> ProberTokens:
         if self.prober is None:
-            self.prober = ProberTokens(self.settings.operations.probe.auth_proxy, self.api, own_namespace())
+            self.prober = ProberTokens(self.settings.operations.probe.auth_proxy, self.api,
+                                       self.records_namespace or own_namespace())
         return self.prober
 
     @property

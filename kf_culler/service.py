@@ -151,7 +151,7 @@ def serve(settings: Settings, api: Any, opts: Options) -> int:
                                  check_period_seconds=settings.operations.check_period_seconds,
                                  label_keys=settings.selector_label_keys)
     if opts.leader_elect:
-        namespace = opts.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
+        namespace = opts.lease_namespace or opts.records_namespace or os.environ.get("POD_NAMESPACE") or "default"
         identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
         elector = LeaderElector(api, namespace, opts.lease_name, identity)
         count = settings.operations.shards

@@ -520,7 +520,8 @@ def start_culler(cluster: LocalCluster, kubeconfig: Path, config: dict[str, Any]
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "PYTHONUNBUFFERED": "1"}
     try:
         return subprocess.Popen([sys.executable, "-m", "kf_culler", "run", "--kubeconfig", str(kubeconfig),
-                                 "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT, env=env)
+                                 "--culler-namespace", "default", "--config", str(cfg)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
     finally:
         log.close()
 

@@ -22,7 +22,8 @@ from support.kustomize import render
 from support.target import KubeTarget
 from test_rbac import apply
 
-from kf_culler.config import Settings, load_file, load_mapping
+from kf_culler.config import Settings, load_mapping
+from kf_culler.config_layers import load_layered
 from kf_culler.kube import istio
 from kf_culler.kube.istio import GROUP, NAME, PLURAL, VERSION, PolicyKeeper
 from kf_culler.local import objects as obj
@@ -89,15 +90,18 @@ def test_the_component_grants_the_rights_and_turns_the_option_on(tmp_path: Path)
                   and o["metadata"]["name"] == "kf-culler-istio-policies"]
     assert binding["roleRef"]["name"] == "kf-culler-istio-policies"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kf-culler", "namespace": "kubeflow"}]
-    # The configuration the Deployment mounts: the base's, plus the istio section, and it loads.
+    # The configuration the Deployment mounts: the base's config.yaml untouched, the istio section in a fragment
+    # beside it, and the two load.
     mine, base = mounted_config(objs), mounted_config(render(KUSTOMIZE / "base"))
-    assert {k: v for k, v in mine.items() if k != "istio"} == base
-    assert mine["istio"] == {"manageAuthorizationPolicies": True, "principal": PRINCIPAL, "reconcileEveryPasses": 1}
+    assert mine == base
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("kf-culler-config")]
+    assert yaml.safe_load(cm["data"]["istio-policies.fragment.yaml"]) == {"istio": {
+        "manageAuthorizationPolicies": True, "principal": PRINCIPAL, "reconcileEveryPasses": 1}}
     (sa,) = [o for o in objs if o["kind"] == "ServiceAccount"]
     assert f"cluster.local/ns/{sa['metadata']['namespace']}/sa/{sa['metadata']['name']}" == PRINCIPAL
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump(mine))
-    assert load_file(cfg).operations.istio.manage_authorization_policies
+    for name, text in cm["data"].items():
+        (tmp_path / name).write_text(text)
+    assert load_layered(tmp_path / "config.yaml").operations.istio.manage_authorization_policies
     for o in objs:
         assert (o["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "kf-culler", o["metadata"]
 
@@ -406,3 +410,47 @@ def test_a_policy_the_culler_cannot_put_in_place_is_a_confirmed_access_problem(
     assert (second.verdict.action, second.verdict.state, second.verdict.rule) == (
         "keep", "no-signal", "16-access-problem")
     assert "kf-culler-probes is not in place" in second.verdict.reason and "403" in second.verdict.reason
+
+
+# --- the paths admitted, per target ----------------------------------------------------------------------------------
+
+
+def _workspace_probe_paths(namespace: str, name: str, port_id: str) -> list[str]:
+    """The paths of the culler's probes of a Workspace, built as the culler builds them: the `urls.workspace`
+    template with the connect prefix (kf_culler/kube/cache.py), then each IDE probe's own URLs."""
+    from urllib.parse import urlsplit
+
+    from kf_culler.config import Urls
+    from kf_culler.sources.codeserver import healthz_url
+    from kf_culler.sources.jupyter import API_PARTS, api_url
+    from kf_culler.targets import CONNECT_PREFIX
+
+    out = []
+    for path in (CONNECT_PREFIX.format(namespace=namespace, name=name, port_id=port_id), "/"):
+        base = Urls().workspace.format(service=f"ws-{name}", namespace=namespace, clusterDomain="cluster.local",
+                                       port=8888, path=path)
+        out += [urlsplit(api_url(base, p)).path for p in API_PARTS] + [urlsplit(healthz_url(base)).path]
+    return out
+
+
+def test_the_kept_policy_admits_the_workspace_probes_only_with_the_workspaces_target() -> None:
+    """With `targets: [notebooks, workspaces]` the policy the culler keeps admits every path its Workspace probes
+    request (the connect prefix /workspace/connect/<ns>/<name>/<port id>/ and a kind's port served at the root), and
+    still nothing else; with notebooks alone, no Workspace path."""
+    from test_kustomize import _probe_paths, _template_matches
+
+    both = istio.policy_spec(PRINCIPAL, ("notebooks", "workspaces"))["rules"][0]["to"][0]["operation"]["paths"]
+    alone = istio.policy_spec(PRINCIPAL)["rules"][0]["to"][0]["operation"]["paths"]
+    probes = _workspace_probe_paths("team-a", "my-ws", "jupyterlab")
+    assert any(p.startswith("/workspace/connect/team-a/my-ws/jupyterlab/api/") for p in probes)
+    for path in probes + _probe_paths("team-a", "nb"):
+        assert any(_template_matches(t, path) for t in both), path
+    assert not [p for p in probes if p.startswith("/workspace/") and any(_template_matches(t, p) for t in alone)]
+    for other in ("/workspace/connect/team-a/my-ws/jupyterlab/lab", "/workspace/connect/team-a/my-ws/jupyterlab/",
+                  "/workspace/connect/team-a/my-ws/jupyterlab/api/contents",
+                  "/workspace/connect/team-a/my-ws/jupyterlab/api/kernels/abc/channels",
+                  "/workspace/connect/team-a/my-ws/api/status", "/notebook/team-a/nb/lab", "/lab", "/"):
+        assert not any(_template_matches(t, other) for t in both), other
+    keeper = PolicyKeeper.for_settings(load_mapping({"targets": ["notebooks", "workspaces"], "istio": {
+        "manageAuthorizationPolicies": True}}, "t"), client.ApiClient())
+    assert keeper.targets == ("notebooks", "workspaces")

@@ -21,7 +21,8 @@ import yaml
 from need import missing
 
 from kf_culler.cli import build_parser
-from kf_culler.config import Operations, load_file, load_mapping
+from kf_culler.config import Operations, Settings
+from kf_culler.config_layers import FRAGMENT_SUFFIX, load_layered
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "kustomize"
@@ -98,11 +99,28 @@ def cli_args(objs: list[dict[str, Any]]) -> Any:
     return build_parser().parse_args([*c["command"][1:], *c.get("args", [])])
 
 
-def config_text(objs: list[dict[str, Any]]) -> str:
-    """config.yaml from the ConfigMap the culler's Deployment actually mounts."""
+def config_files(objs: list[dict[str, Any]]) -> dict[str, str]:
+    """The files of the ConfigMap the culler's Deployment actually mounts (config.yaml and the fragments)."""
     volumes = culler(objs)["spec"]["template"]["spec"]["volumes"]
     (cm_name,) = [v["configMap"]["name"] for v in volumes if "configMap" in v]
-    return str(one(objs, "ConfigMap", cm_name)["data"]["config.yaml"])
+    data: dict[str, str] = one(objs, "ConfigMap", cm_name)["data"]
+    return data
+
+
+def config_text(objs: list[dict[str, Any]]) -> str:
+    """config.yaml (the admin's file) from the ConfigMap the culler's Deployment actually mounts."""
+    return config_files(objs)["config.yaml"]
+
+
+def mounted_settings(objs: list[dict[str, Any]], directory: Path) -> Settings:
+    """What the culler loads from the mounted ConfigMap (its files written where the Deployment mounts them, the
+    `--config` path of the Deployment's own arguments), with the culler's own loader."""
+    config = Path(cli_args(objs).config)
+    mount = directory / config.parent.relative_to("/")
+    mount.mkdir(parents=True, exist_ok=True)
+    for name, text in config_files(objs).items():
+        (mount / name).write_text(text, encoding="utf-8")
+    return load_layered(mount / config.name)
 
 
 def kustomization_dirs() -> list[str]:
@@ -392,9 +410,7 @@ def test_the_record_is_kept_only_in_the_cullers_namespace_and_only_in_its_bucket
 
 @pytest.mark.parametrize("path", ["base", *(f"overlays/{o}" for o in OVERLAYS)])
 def test_shipped_config_loads_with_the_cullers_loader(path: str, tmp_path: Path) -> None:
-    f = tmp_path / "config.yaml"
-    f.write_text(config_text(render(path)), encoding="utf-8")
-    settings = load_file(f)  # raises ConfigError naming the key if the shipped file is wrong
+    settings = mounted_settings(render(path), tmp_path)  # raises ConfigError naming the key if a shipped file is wrong
     expected = {"base": (False, False), "overlays/kubeflow": (False, False),
                 "overlays/dry-run": (True, False), "overlays/gpu-only": (False, True)}[path]
     assert (settings.operations.dry_run, settings.operations.gpu_only) == expected
@@ -786,10 +802,8 @@ def test_openshift_ai_overlay_runs_in_the_applications_namespace_under_the_restr
         assert "runAsUser" not in c["securityContext"] and c["securityContext"]["readOnlyRootFilesystem"] is True
 
 
-def test_openshift_ai_overlay_reads_the_shipped_workbench_images() -> None:
-    (cm,) = [o for o in render("overlays/openshift-ai") if o["kind"] == "ConfigMap"
-             and o["metadata"]["name"].startswith("kf-culler-config")]
-    settings = load_mapping(yaml.safe_load(cm["data"]["config.yaml"]), "openshift-ai")
+def test_openshift_ai_overlay_reads_the_shipped_workbench_images(tmp_path: Path) -> None:
+    settings = mounted_settings(render("overlays/openshift-ai"), tmp_path)
     policy = settings.policy
     assert policy.server_type_for_image(
         "quay.io/opendatahub/odh-workbench-codeserver-datascience-cpu-py312-ubi9:2025.2") == "group-one"
@@ -821,17 +835,24 @@ def test_openshift_ai_probes_through_the_proxy_only_with_the_component(tmp_path:
     ships), the culler's rights to make one prober per namespace (its own namespace's ServiceAccounts and their
     tokens, RoleBindings named kf-culler-prober) narrowed by an admission policy, the service CA, egress to 8443,
     and the overlay's configuration with only `urls` and `probe.authProxy` changed."""
-    plain = yaml.safe_load(config_text(render("overlays/openshift-ai")))
-    assert load_mapping(plain, "overlay").operations.probe.auth_proxy.enabled is False
+    overlay = render("overlays/openshift-ai")
+    plain = mounted_settings(overlay, tmp_path / "overlay")
+    assert plain.operations.probe.auth_proxy.enabled is False
     objs = render_openshift_ai_proxy_probes(tmp_path)
-    raw = yaml.safe_load(config_text(objs))
-    auth = load_mapping(raw, "component").operations.probe.auth_proxy
+    settings = mounted_settings(objs, tmp_path / "component")
+    auth = settings.operations.probe.auth_proxy
     assert (auth.enabled, auth.service_account, auth.expiration_seconds, auth.ca_file) == (
         True, "kf-culler-prober", 600, "/etc/kf-culler-service-ca/service-ca.crt")
-    assert raw["urls"]["jupyter"] == "https://{name}-kube-rbac-proxy.{namespace}.svc:8443/notebook/{namespace}/{name}/"
-    assert {k: v for k, v in raw.items() if k not in ("urls", "probe")} == \
-        {k: v for k, v in plain.items() if k not in ("urls", "probe")}
-    assert {k: v for k, v in raw["probe"].items() if k != "authProxy"} == plain["probe"]
+    assert settings.operations.urls.jupyter == \
+        "https://{name}-kube-rbac-proxy.{namespace}.svc:8443/notebook/{namespace}/{name}/"
+    # The admin's file untouched; the overlay's fragment replaced by the component's (the same key).
+    assert config_text(objs) == config_text(overlay)
+    assert set(config_files(objs)) == set(config_files(overlay)) == {"config.yaml", "openshift-ai.fragment.yaml"}
+    assert settings.operations.model_dump(exclude={"urls", "probe"}) == \
+        plain.operations.model_dump(exclude={"urls", "probe"})
+    assert settings.operations.probe.model_dump(exclude={"auth_proxy"}) == \
+        plain.operations.probe.model_dump(exclude={"auth_proxy"})
+    assert settings.policy == plain.policy
 
     # No prober ServiceAccount and no cluster-wide binding of the prober's ClusterRole: the culler makes one prober
     # per namespace, bound in that namespace only (kf_culler/kube/prober.py).
@@ -897,22 +918,22 @@ def render_with_coder(tmp_path: Path, patches: list[dict[str, Any]] | None = Non
 
 def test_coder_component_turns_the_target_on_beside_notebooks(tmp_path: Path) -> None:
     objs = render_with_coder(tmp_path)
-    raw = yaml.safe_load(config_text(objs))
-    ops = load_mapping(raw, "components/coder").operations
+    ops = mounted_settings(objs, tmp_path).operations
     assert ops.targets == ("notebooks", "coder")
     assert ops.coder is not None
     assert (ops.coder.token_file, ops.coder.namespace) == ("/etc/kf-culler-coder/token", CODER_NAMESPACE)
     assert ops.coder.url == "http://coder.coder.svc.cluster.local"
-    # The overlay's configuration with only the targets and the coder section added.
-    plain = yaml.safe_load(config_text(render("overlays/kubeflow")))
-    assert {k: v for k, v in raw.items() if k not in ("targets", "coder")} == plain
-    text = (KUSTOMIZE / "components" / "coder" / "config.yaml").read_text()
+    # The overlay's configuration untouched, the component's fragment beside it.
+    plain = render("overlays/kubeflow")
+    assert config_text(objs) == config_text(plain)
+    assert set(config_files(objs)) == {"config.yaml", "coder.fragment.yaml"}
+    text = (KUSTOMIZE / "components" / "coder" / "coder.fragment.yaml").read_text()
     assert text.count("CHANGE") >= 2  # the URL and the namespace say they are the admin's to set
 
 
 def test_coder_component_mounts_the_token_secret_read_only_and_never_in_a_configmap(tmp_path: Path) -> None:
     objs = render_with_coder(tmp_path)
-    ops = load_mapping(yaml.safe_load(config_text(objs)), "components/coder").operations
+    ops = mounted_settings(objs, tmp_path).operations
     assert ops.coder is not None
     token_dir = str(Path(ops.coder.token_file).parent)
     pod = culler(objs)["spec"]["template"]["spec"]
@@ -929,8 +950,8 @@ def test_coder_component_mounts_the_token_secret_read_only_and_never_in_a_config
     # The Secret is the admin's: not rendered, not in any ConfigMap, not in the environment.
     assert not find(objs, "Secret")
     for cm in find(objs, "ConfigMap"):
-        assert set(cm.get("data") or {}) == {"config.yaml"} and not cm.get("binaryData")
-    coder = yaml.safe_load(config_text(objs))["coder"]
+        assert set(cm.get("data") or {}) == {"config.yaml", "coder.fragment.yaml"} and not cm.get("binaryData")
+    coder = yaml.safe_load(config_files(objs)["coder.fragment.yaml"])["coder"]
     assert set(coder) == {"url", "tokenFile", "namespace", "pageSize", "timeoutSeconds"}  # a path, never a token
     assert "kf-culler-coder-token" not in str(container(culler(objs)).get("env"))
     assert not [v for v in pod["volumes"] if "configMap" in v and v["name"] == "coder-token"]
@@ -1006,3 +1027,124 @@ def test_workspaces_component_opens_workspace_pods_in_the_cullers_own_network_po
     rules = one(objs, "NetworkPolicy", "kf-culler")["spec"]["egress"]
     assert any(p["port"] == 8888 and any(t.get("podSelector", {}).get("matchExpressions") for t in r["to"])
                for r in rules for p in r["ports"])
+
+
+# --- components add, never replace ------------------------------------------------------------------
+
+# The components that add a fragment to the configuration, and what each adds: targets, and the top-level sections
+# its fragment sets.
+FRAGMENT_COMPONENTS = {"workspaces": ({"workspaces"}, set()), "workloads": ({"workloads"}, {"workloads"}),
+                       "coder": ({"coder"}, {"coder"}), "istio-policies": (set(), {"istio"})}
+COMBINATIONS = [("workspaces",), ("workloads",), ("coder",), ("istio-policies",), ("coder", "workspaces"),
+                ("istio-policies", "workspaces"), ("coder", "istio-policies"), ("workloads", "workspaces"),
+                tuple(FRAGMENT_COMPONENTS)]
+
+
+def render_admin(tmp_path: Path, overlay: str, components: tuple[str, ...],
+                 admin_config: str | None = None) -> list[dict[str, Any]]:
+    """An admin's kustomization as docs/install.md writes it: an overlay, components, and optionally the admin's own
+    config.yaml (configMapGenerator, behavior: merge)."""
+    import os
+
+    directory = tmp_path / "admin"
+    directory.mkdir()
+    rel = os.path.relpath(KUSTOMIZE, directory)
+    kustomization: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{rel}/overlays/{overlay}"], "components": [f"{rel}/components/{c}" for c in components]}
+    if admin_config is not None:
+        (directory / "config.yaml").write_text(admin_config, encoding="utf-8")
+        kustomization["configMapGenerator"] = [
+            {"name": "kf-culler-config", "behavior": "merge", "files": ["config.yaml"]}]
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return list(_render(str(directory)))
+
+
+@pytest.mark.parametrize("components", COMBINATIONS, ids="+".join)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_components_add_to_the_overlays_configuration_and_keep_every_key_of_it(
+        overlay: str, components: tuple[str, ...], tmp_path: Path) -> None:
+    """Any overlay with any documented set of components: the overlay's config.yaml reaches the culler untouched,
+    every key it sets (dryRun, gpuOnly, the policy, ...) is what the culler runs with, and each component adds its
+    target and its section; the dry-run overlay stays in dry-run whatever is added."""
+    objs = render_admin(tmp_path, overlay, components)
+    alone = render(f"overlays/{overlay}")
+    assert config_text(objs) == config_text(alone)
+    assert set(config_files(objs)) == {"config.yaml", *(f"{c}{FRAGMENT_SUFFIX}" for c in components)}
+    mine = mounted_settings(objs, tmp_path / "with")
+    plain = mounted_settings(alone, tmp_path / "alone")
+    added_targets = set().union(*(FRAGMENT_COMPONENTS[c][0] for c in components))
+    sections = set().union(*(FRAGMENT_COMPONENTS[c][1] for c in components))
+    assert mine.policy == plain.policy and mine.overrides == plain.overrides
+    assert [(r.name, r.policy) for r in mine.rules] == [(r.name, r.policy) for r in plain.rules]
+    assert set(mine.operations.targets) == {*plain.operations.targets, *added_targets}
+    assert mine.operations.targets[:len(plain.operations.targets)] == plain.operations.targets
+    assert mine.operations.model_dump(exclude={"targets", *sections}) == \
+        plain.operations.model_dump(exclude={"targets", *sections})
+    assert mine.operations.dry_run is (overlay == "dry-run")
+    assert mine.operations.gpu_only is (overlay == "gpu-only")
+    if "coder" in components:
+        assert mine.operations.coder is not None and mine.operations.coder.namespace == "coder"
+    if "istio-policies" in components:
+        assert mine.operations.istio.manage_authorization_policies is True
+
+
+def test_dry_run_with_workspaces_stays_dry_run_and_adds_the_workspaces_target(tmp_path: Path) -> None:
+    settings = mounted_settings(render_admin(tmp_path, "dry-run", ("workspaces",)), tmp_path)
+    assert settings.operations.dry_run is True
+    assert settings.operations.targets == ("notebooks", "workspaces")
+
+
+def test_gpu_only_with_workspaces_keeps_gpu_only(tmp_path: Path) -> None:
+    settings = mounted_settings(render_admin(tmp_path, "gpu-only", ("workspaces",)), tmp_path)
+    assert settings.operations.gpu_only is True
+    assert settings.operations.targets == ("notebooks", "workspaces")
+
+
+def test_coder_with_workspaces_keeps_the_coder_section(tmp_path: Path) -> None:
+    settings = mounted_settings(render_admin(tmp_path, "kubeflow", ("coder", "workspaces")), tmp_path)
+    assert settings.operations.coder is not None
+    assert settings.operations.coder.url == "http://coder.coder.svc.cluster.local"
+    assert settings.operations.targets == ("notebooks", "coder", "workspaces")
+
+
+ADMIN_CONFIG = """\
+dryRun: true
+idleMinutes: 240
+istio:
+  principal: cluster.local/ns/kubeflow/sa/kf-culler
+rules:
+  - name: gpu
+    match: {gpu: true}
+    policy: {idleMinutes: 30}
+"""
+
+
+@pytest.mark.parametrize("components", [("istio-policies",), tuple(FRAGMENT_COMPONENTS)], ids="+".join)
+def test_the_admins_own_config_with_dry_run_and_istio_policies_stays_dry_run(
+        components: tuple[str, ...], tmp_path: Path) -> None:
+    """The admin's own config.yaml (docs/install.md: configMapGenerator, behavior: merge) wins for every key it sets,
+    the components' sections and targets are added beside it."""
+    objs = render_admin(tmp_path, "kubeflow", components, ADMIN_CONFIG)
+    assert config_text(objs) == ADMIN_CONFIG
+    settings = mounted_settings(objs, tmp_path)
+    ops = settings.operations
+    assert ops.dry_run is True and settings.policy.idle_minutes == 240
+    assert [(r.name, r.policy.idle_minutes) for r in settings.rules] == [("gpu", 30)]
+    assert ops.istio.manage_authorization_policies is True
+    assert ops.istio.principal == "cluster.local/ns/kubeflow/sa/kf-culler"
+
+
+def test_a_bad_key_in_a_fragment_names_the_fragment(tmp_path: Path) -> None:
+    """A rendered ConfigMap whose component fragment holds an ill-typed key: the loader names that file and key, not
+    the admin's config.yaml."""
+    import copy
+
+    objs = copy.deepcopy(render_admin(tmp_path, "kubeflow", ("coder",)))
+    fragment = yaml.safe_load(config_files(objs)["coder.fragment.yaml"])
+    fragment["coder"]["pageSize"] = "many"
+    one(objs, "ConfigMap")["data"]["coder.fragment.yaml"] = yaml.safe_dump(fragment)
+    from kf_culler.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"coder\.fragment\.yaml: key 'coder\.pageSize'"):
+        mounted_settings(objs, tmp_path)

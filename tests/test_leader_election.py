@@ -81,7 +81,7 @@ def test_one_writer_and_takeover(kube: KubeTarget, api: Any, namespace: str, tmp
             log = open(tmp_path / f"{ident}.log", "wb")  # noqa: SIM115
             procs[ident] = subprocess.Popen(
                 [sys.executable, "-m", "kf_culler", "run", "--leader-elect", "--lease-namespace", namespace,
-                 "--kubeconfig", str(kube.kubeconfig), "--config", str(cfg)],
+                 "--culler-namespace", "default", "--kubeconfig", str(kube.kubeconfig), "--config", str(cfg)],
                 env={**os.environ, "POD_NAME": ident}, stdout=log, stderr=subprocess.STDOUT)
         leader = wait(lambda: holder(api, namespace), 60, "a leader")
         follower = next(i for i in procs if i != leader)

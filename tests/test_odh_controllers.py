@@ -451,16 +451,19 @@ def test_the_culler_stops_an_idle_workbench_and_never_touches_the_lock(env: Env)
     `odh-notebook-controller-lock` stands the workbench counts as stopped and nothing is written (a stop written
     then would be erased with the lock); once the controller removed it, an idle workbench is stopped with a
     timestamp, the fork scales it to 0, and the lock's removal is never taken for a restart."""
-    from kf_culler.config import load_file, load_mapping
+    from kf_culler.config import load_mapping
+    from kf_culler.config_layers import load_layered
     from kf_culler.local.jupyter import JupyterServer
     from kf_culler.local.router import Router
     from kf_culler.runner import Runner
 
-    overlay = load_file(ROOT / "kustomize" / "overlays" / "openshift-ai" / "config.yaml")
+    overlay = load_layered(ROOT / "kustomize" / "overlays" / "openshift-ai" / "config.yaml")
     env.create(odh_notebook_body(env.namespace, "wb"))
     with Router() as router, JupyterServer(env.namespace, "wb") as server:
         router.add("notebook", env.namespace, "wb", f"http://127.0.0.1:{server.port}", strip=False)
         raw = yaml.safe_load((ROOT / "kustomize" / "overlays" / "openshift-ai" / "config.yaml").read_text())
+        raw.update(yaml.safe_load((ROOT / "kustomize" / "overlays" / "openshift-ai" / "openshift-ai.fragment.yaml")
+                                  .read_text()))
         raw.update({"namespaces": {"include": [env.namespace]}, "idleMinutes": 0.05, "warnMinutes": 0,
                     "startupGraceMinutes": 0.05, "urls": {**raw.get("urls", {}), "jupyter": router.template()}})
         settings = load_mapping(raw, "test")
@@ -560,12 +563,24 @@ def may_get_notebook(e: Env, user: str, namespace: str, name: str) -> bool:
     return bool(review.status.allowed)
 
 
+def proxy_config() -> dict[str, Any]:
+    """The configuration the overlay with the component runs with: the overlay's config.yaml and the component's
+    fragment, merged by the culler's own loader (kf_culler/config_layers.py)."""
+    from kf_culler.config_layers import merge
+
+    overlay = ROOT / "kustomize" / "overlays" / "openshift-ai" / "config.yaml"
+    fragment = PROXY_COMPONENT / "openshift-ai.fragment.yaml"
+    raw, _ = merge((str(overlay), yaml.safe_load(overlay.read_text())),
+                   [(str(fragment), yaml.safe_load(fragment.read_text()))])
+    return raw
+
+
 def proxy_settings(e: Env, sidecar: Any, **changes: Any) -> Any:
     """The component's configuration, with the proxy's URL on loopback (its certificate names 127.0.0.1 too) and
     the CA that signed it, for this namespace."""
     from kf_culler.config import load_mapping
 
-    raw = yaml.safe_load((PROXY_COMPONENT / "config.yaml").read_text())
+    raw = proxy_config()
     base = f"{sidecar.url}/notebook/{{namespace}}/{{name}}/"
     raw["urls"] = {"jupyter": base, "codeServer": base + "codeserver/"}
     raw["probe"]["authProxy"]["caFile"] = str(sidecar.ca)
@@ -764,7 +779,7 @@ def test_each_namespace_has_its_own_prober_whose_token_opens_only_that_namespace
             bundle.write_text(Path(side_a.ca).read_text() + Path(side_b.ca).read_text())
             hosts = {f"wb{PROXY_SUFFIX}.{e.namespace}.svc": int(s.url.rsplit(":", 1)[1])
                      for e, s in ((a, side_a), (b, side_b))}
-            raw = yaml.safe_load((PROXY_COMPONENT / "config.yaml").read_text())
+            raw = proxy_config()
             raw["probe"]["authProxy"]["caFile"] = str(bundle)
             raw.update({"namespaces": {"include": [a.namespace, b.namespace]}, "idleMinutes": 600,
                         "startupGraceMinutes": 0, "warnMinutes": 0})

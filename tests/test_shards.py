@@ -188,7 +188,7 @@ def test_shards_across_three_replicas(kube: KubeTarget, api: Any, namespace: str
                 "urls": {"jupyter": f"{server.base}/{p}-ok/{{namespace}}/{{name}}/"}}))
             procs[p] = subprocess.Popen(
                 [sys.executable, "-m", "kf_culler", "run", "--leader-elect", "--lease-namespace", lease_ns,
-                 "--kubeconfig", str(kube.kubeconfig), "--config", str(cfg),
+                 "--culler-namespace", "default", "--kubeconfig", str(kube.kubeconfig), "--config", str(cfg),
                  "--metrics-address", f"127.0.0.1:{ports[p]}"],
                 env={**os.environ, "POD_NAME": PROCS[p]}, stdout=logs[p].open("wb"), stderr=subprocess.STDOUT)
 

@@ -11,6 +11,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from kf_culler.kube.labels import CREATED
 from kf_culler.timeutil import format_time, parse_time
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def release(api_client: Any, namespace: str, now: datetime) -> None:
     core = client.CoreV1Api(api_client)
     body = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": NAME, "namespace": namespace,
-                         "labels": {"app.kubernetes.io/name": "kf-culler", "app.kubernetes.io/component": "brakes"}},
+                         "labels": {**CREATED, "app.kubernetes.io/component": "brakes"}},
             "data": {KEY: format_time(now, micro=True)}}
     try:
         core.patch_namespaced_config_map(NAME, namespace, {"data": body["data"]}, _request_timeout=REQUEST_TIMEOUT)

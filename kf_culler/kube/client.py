@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 # Connections the client keeps open to the API server. The library's default is 5 per CPU (10 on 2 cores), and
@@ -26,3 +28,26 @@ def api_client(kubeconfig: str | None) -> Any:
         config.load_kube_config(client_configuration=cfg)
     cfg.connection_pool_maxsize = POOL_SIZE
     return client.ApiClient(configuration=cfg)
+
+
+# Where the culler is installed when nothing says otherwise: every overlay but openshift-ai puts it here.
+DEFAULT_NAMESPACE = "kubeflow"
+# The namespace of a pod's own ServiceAccount, as the kubelet mounts it.
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def culler_namespace(explicit: str | None = None, environ: Mapping[str, str] = os.environ,
+                     service_account_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """The culler's own namespace (its record, the brakes' ConfigMap, its Leases, the probers' ServiceAccounts), the
+    same for every command: `--culler-namespace`, else POD_NAMESPACE (the Deployment sets it), else the namespace of
+    the pod's ServiceAccount (`kubectl exec` into any pod), else `kubeflow`. A kubeconfig context's namespace is not
+    read: it is where its user works, not where the culler runs."""
+    if explicit:
+        return explicit
+    if environ.get("POD_NAMESPACE"):
+        return environ["POD_NAMESPACE"]
+    try:
+        found = service_account_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        found = ""
+    return found or DEFAULT_NAMESPACE

@@ -30,8 +30,12 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-from kf_culler.config import IstioSettings, Namespaces, Settings
+from kf_culler.config import IstioSettings, Namespaces, Settings, Urls
+from kf_culler.sources.codeserver import healthz_url
+from kf_culler.sources.jupyter import API_PARTS, api_url
+from kf_culler.targets import CONNECT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -45,34 +49,53 @@ LABELS = {
     MANAGED_BY: OWNER,
 }
 ROOT_NAMESPACE = "istio-system"  # Istio's root namespace: its selector-less policies apply to every namespace
-PROBE_PORT = "8888"  # the notebook container's port (Kubeflow's notebook-controller)
-PROBE_PATHS = (
-    "/notebook/{*}/{*}/api/status",
-    "/notebook/{*}/{*}/api/kernels",
-    "/notebook/{*}/{*}/api/terminals",
-    "/healthz",
-)
+PROBE_PORT = "8888"  # the notebook container's port (Kubeflow's notebook-controller; the sample WorkspaceKinds')
+PROFILE_TARGETS = ("notebooks", "workspaces")  # the targets whose sessions live in Kubeflow's profile namespaces
+
+
+def _ide_paths(base: str) -> list[str]:
+    """The paths the culler's Jupyter and code-server probes request under a base path (ending in '/'), without
+    the query string (Istio matches the path alone), as the probes build them."""
+    return [api_url(base, part).split("?", 1)[0] for part in API_PARTS] + [healthz_url(base)]
+
+
+def probe_paths(targets: Iterable[str] = ("notebooks",)) -> list[str]:
+    """Istio path templates of exactly what the culler probes for these targets, derived from where the probe URLs
+    are built: a Notebook's `urls.jupyter` and `urls.codeServer` defaults, a Workspace's connect prefix (and `/` for
+    a port its kind serves at the root); each namespace, name and port id one segment `{*}`."""
+    one = {"namespace": "{*}", "name": "{*}", "port_id": "{*}", "clusterDomain": "d"}
+    urls = Urls()
+    paths: list[str] = []
+    if "notebooks" in targets:
+        paths += _ide_paths(urlsplit(urls.jupyter.format(**one)).path)[:len(API_PARTS)]
+        paths += [healthz_url(urlsplit(urls.code_server.format(**one)).path)]
+    if "workspaces" in targets:
+        paths += _ide_paths(CONNECT_PREFIX.format(**one)) + _ide_paths("/")
+    return list(dict.fromkeys(paths))
+
+
+PROBE_PATHS = tuple(probe_paths())
 REQUEST_TIMEOUT = (5.0, 30.0)
 RBAC_HINT = (f"kf-culler may not manage {PLURAL}.{GROUP}: install kustomize/components/istio-policies "
              "(or turn istio.manageAuthorizationPolicies off)")
 
 
-def policy_spec(principal: str) -> dict[str, Any]:
-    """The spec of kf-culler-probes for the culler's principal."""
+def policy_spec(principal: str, targets: Iterable[str] = ("notebooks",)) -> dict[str, Any]:
+    """The spec of kf-culler-probes for the culler's principal and targets."""
     return {
         "action": "ALLOW",
         "rules": [{
             "from": [{"source": {"principals": [principal]}}],
-            "to": [{"operation": {"methods": ["GET"], "ports": [PROBE_PORT], "paths": list(PROBE_PATHS)}}],
+            "to": [{"operation": {"methods": ["GET"], "ports": [PROBE_PORT], "paths": probe_paths(targets)}}],
         }],
     }
 
 
-def policy(namespace: str, principal: str) -> dict[str, Any]:
+def policy(namespace: str, principal: str, targets: Iterable[str] = ("notebooks",)) -> dict[str, Any]:
     """The whole object the culler creates in `namespace`."""
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
             "metadata": {"name": NAME, "namespace": namespace, "labels": dict(LABELS)},
-            "spec": policy_spec(principal)}
+            "spec": policy_spec(principal, targets)}
 
 
 def is_ours(obj: dict[str, Any]) -> bool:
@@ -135,6 +158,7 @@ class PolicyKeeper:
         from kubernetes import client
 
         self.settings, self.scope = settings, scope
+        self.targets: tuple[str, ...] = ("notebooks",)  # whose probe paths the policy admits (`for_settings`)
         self.enabled = enabled and settings.manage_authorization_policies
         self.custom: Any = client.CustomObjectsApi(api_client) if self.enabled else None
         self.passes = 0
@@ -153,7 +177,9 @@ class PolicyKeeper:
     def for_settings(cls, settings: Settings, api_client: Any, dry_run: bool = False) -> PolicyKeeper:
         """A keeper for the configuration; it does nothing when the option is off or the culler writes nothing."""
         ops = settings.operations
-        return cls(api_client, ops.istio, ops.namespaces, enabled=not (dry_run or ops.dry_run))
+        keeper = cls(api_client, ops.istio, ops.namespaces, enabled=not (dry_run or ops.dry_run))
+        keeper.targets = tuple(ops.targets)
+        return keeper
 
     def after_pass(self, snapshot: Iterable[tuple[dict[str, Any], Any]],
                    may_write: Callable[[], bool] = lambda: True,
@@ -198,7 +224,7 @@ class PolicyKeeper:
             return self._done(result)
         if guarded is not None:  # where nothing else is ALLOWed, ours would deny the rest: not there
             wanted = wanted & guarded
-        spec = policy_spec(self.settings.principal)
+        spec = policy_spec(self.settings.principal, self.targets)
         for ns in sorted(wanted | set(existing)):
             if not (self.scope.selects(ns) and owns(ns)):  # outside the culler's namespaces: not its business
                 continue

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from kf_culler.kube.labels import CREATED
 from kf_culler.sharding import fair_share, shard_of
 from kf_culler.timeutil import format_time
 
@@ -104,7 +105,7 @@ class Lease:
                 return False
             try:
                 self.api.create_namespaced_lease(self.namespace, {
-                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "metadata": {"name": self.name, "namespace": self.namespace, "labels": dict(CREATED)},
                     "spec": {**spec, "acquireTime": _micro(now), "leaseTransitions": 0}})
             except ApiException as create_err:
                 if create_err.status == 409:
@@ -116,7 +117,7 @@ class Lease:
         mine = holder == self.identity
         if not mine and (not take or live_holder(lease, now, self.lease_seconds) is not None):
             return False
-        body = {"metadata": {"name": self.name, "namespace": self.namespace,
+        body = {"metadata": {"name": self.name, "namespace": self.namespace, "labels": dict(CREATED),
                              "resourceVersion": lease.metadata.resource_version},
                 "spec": dict(spec)}
         if not mine:

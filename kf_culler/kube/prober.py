@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kf_culler.config import AuthProxySettings
+from kf_culler.kube.labels import CREATED
 
 FileKey = tuple[int, int, int]
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -163,7 +164,7 @@ class ProberTokens:
 
     # -- the API server: each namespace's ServiceAccount, RoleBinding and tokens --------------------------------
     def _meta(self, name: str, namespace: str, serves: str) -> dict[str, Any]:
-        return {"name": name, "namespace": namespace, "labels": {COMPONENT_LABEL: PROBER_COMPONENT},
+        return {"name": name, "namespace": namespace, "labels": {**CREATED, COMPONENT_LABEL: PROBER_COMPONENT},
                 "annotations": {SERVES_ANNOTATION: serves}}
 
     def _binding(self, namespace: str) -> dict[str, Any]:

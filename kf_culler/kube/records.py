@@ -21,14 +21,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kf_culler.kube.backoff import with_backoff
+from kf_culler.kube.labels import CREATED
 from kf_culler.record import CullerRecord, parse_record, record_json
 
 log = logging.getLogger(__name__)
 BUCKETS = 16
 NAME_PREFIX = "kf-culler-records-"
 COMPONENT = "culler-records"
-RECORDS_LABELS = {"app.kubernetes.io/name": "kf-culler", "app.kubernetes.io/component": COMPONENT}
-RECORDS_SELECTOR = ",".join(f"{k}={v}" for k, v in RECORDS_LABELS.items())
+RECORDS_LABELS = {**CREATED, "app.kubernetes.io/component": COMPONENT}
+# Found by name and component: buckets made before they carried the managed-by label are still the record.
+RECORDS_SELECTOR = ",".join(f"{k}={RECORDS_LABELS[k]}"
+                            for k in ("app.kubernetes.io/name", "app.kubernetes.io/component"))
 REQUEST_TIMEOUT = (5.0, 30.0)
 
 

@@ -20,6 +20,12 @@ from kf_culler.sources.http import Call, Fetcher
 # With auth disabled every API call but api/status moves the server's last_activity; this flag stops
 # that, so looking at a notebook never keeps it alive.
 NO_TRACK = "?no_track_activity=1"
+API_PARTS = ("status", "kernels", "terminals")  # what `probe` asks, in this order (kf_culler/kube/istio.py admits it)
+
+
+def api_url(base: str, part: str) -> str:
+    """The URL of one of the server's API_PARTS under base (ending in '/')."""
+    return f"{base}api/{part}{NO_TRACK}"
 
 TEXT = 64  # characters kept of a string field (ids, names, states); a readable timestamp is no longer
 ERROR_TEXT = 300  # as much of an error as a reading ever shows (readings._error_of)
@@ -121,12 +127,12 @@ async def probe(fetcher: Fetcher, base_url: str, terminals: bool = True) -> tupl
     longer than `probe.maxListItems` is an error of its own (a real server has a few; 100 is extreme).
     """
     base = base_url if base_url.endswith("/") else base_url + "/"
-    parts = ["status", "kernels"] + (["terminals"] if terminals else [])
+    parts = list(API_PARTS if terminals else API_PARTS[:2])
     most = fetcher.settings.max_list_items
     answer: dict[str, Any] = {}
     calls: list[Call] = []
     for p in parts:
-        body, call = await fetcher.get_json(f"{base}api/{p}{NO_TRACK}")
+        body, call = await fetcher.get_json(api_url(base, p))
         calls.append(call)
         if isinstance(body, list) and len(body) > most:
             body = {"error": f"{len(body)} items, over the cap of {most} (probe.maxListItems)"}
