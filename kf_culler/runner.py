@@ -113,6 +113,7 @@ class Runner:
     on_event: Callable[[NotebookResult], None] | None = None  # a result whose Event was sent (after the pass)
     may_write: Callable[[], bool] = lambda: True
     owns: Callable[[str], bool] | None = None  # with shards: this replica holds the namespace's shard now
+    held_shards: Callable[[], list[int]] | None = None  # with shards: the shards this replica holds now
     on_observed: Observer | None = None
     cache: ClusterCache | None = None
     tracer: Tracer | None = None
@@ -287,12 +288,13 @@ class Runner:
         cycle = self.build_cycle(on_written=cache.record_notebook)
         snapshot = cache.snapshot()
         items = snapshot + self.coder_items()  # Coder's workspaces, listed now (`targets: [coder]`)
+        held = self._shards_held()
         result = cycle.run(items)
         self._events = result
         if wait_events:
             self.wait_events()
         self._keep_brakes(result)
-        self._keep_records(items)
+        self._keep_records(items, held, result.now)
         self._report_orphans(snapshot, result.now)
         self._report_contested(snapshot, result.now)
         if self.policies is None:
@@ -332,17 +334,31 @@ class Runner:
             log.info("brakes: %d stops and %d warnings left for the next pass (per-pass caps)",
                      len(braked.deferred_stops), len(braked.deferred_warnings))
 
-    def _keep_records(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> None:
+    def _shards_held(self) -> list[int]:
+        """The shards of namespaces this replica holds now: every one without shards (or without `owns`)."""
+        count = self.settings.operations.shards
+        if self.owns is None:
+            return list(range(count))
+        return self.held_shards() if self.held_shards is not None else []
+
+    def _keep_records(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], held: list[int],
+                      now: datetime) -> None:
         """After a pass: forget the records of notebooks that are gone, then store the pass's deferred record
-        writes (one patch per bucket). Only a replica that may write, for the namespaces it holds."""
+        writes (one patch per bucket). Only a replica that may write, for the namespaces it holds. Once every
+        deferred write is stored, the old marks of the shards held through the whole pass are imported: that
+        is remembered, and never done again (kf_culler/kube/records.py)."""
         if self.records is None or self.dry_run or self.settings.operations.dry_run or not self.may_write():
             return
-        if self.cache is not None and self.cache.synced:
+        synced = self.cache is not None and self.cache.synced
+        if synced:
             live = {str((nb.get("metadata") or {}).get("uid")) for nb, _ in snapshot}
             selects, owns = self.settings.operations.namespaces.selects, self.owns or (lambda _ns: True)
             unknown = self.coder_namespace if self.coder is not None and self.coder_listed is None else None
             self.records.sweep(live, lambda ns: selects(ns) and owns(ns) and ns != unknown)
         self.records.flush()
+        still = set(self._shards_held())
+        if synced and not self.stop.is_set() and self.records.pending == 0 and self.may_write():
+            self.records.mark_imported([i for i in held if i in still], self.settings.operations.shards, now)
 
     def _report_orphans(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime) -> None:
         """Pods named `<name>-0` that hold a GPU but that the notebook's ownership chain does not reach (a user
