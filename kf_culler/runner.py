@@ -361,10 +361,11 @@ class Runner:
             self.records.mark_imported([i for i in held if i in still], self.settings.operations.shards, now)
 
     def _report_orphans(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime) -> None:
-        """Pods named `<name>-0` that hold a GPU but that the notebook's ownership chain does not reach (a user
-        relabelled the pod off its StatefulSet): stopping the notebook frees nothing, and the culler does not
-        delete pods. Kept in `gpu_orphans` (a metric), logged, and told once per pod with a Warning Event on the
-        Notebook, which its namespace's users and the admin see."""
+        """Pods named `<name>-0` that hold a GPU but that the StatefulSet `<name>` does not control (a user
+        relabelled the pod off it, or there is none): Kubeflow's notebook-controller stops a notebook by scaling
+        that StatefulSet, which leaves such a pod running, and the culler does not delete pods. Kept in
+        `gpu_orphans` (a metric), logged, and told once per pod with a Warning Event on the Notebook, which its
+        namespace's users and the admin see."""
         if self.cache is None:
             return
         from kf_culler.notebook import gpu_count
@@ -380,6 +381,7 @@ class Runner:
                 continue
             self._orphans_told.add(uid)
             message = (f"The pod {o.notebook}-0 holds a GPU but is not this notebook's running pod ({o.why}): "
+                       f"a stop scales the StatefulSet {o.notebook} to 0, which does not remove this pod, so "
                        "stopping the notebook would not free that GPU. An administrator must delete the pod.")
             log.warning("%s/%s: %s", o.namespace, o.notebook, message)
             nb = notebooks.get((o.namespace, o.notebook))

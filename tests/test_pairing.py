@@ -28,23 +28,35 @@ def _owned(name: str, kind: str, owner: str, owner_uid: str, uid: str = "") -> d
         {"kind": kind, "name": owner, "uid": owner_uid, "controller": True}]}}
 
 
-def test_the_ownership_chain_pairs_and_labels_do_not() -> None:
-    notebooks = {("ns", "a"): _nb("a", "nb-a", {"notebook-name": "decoy"}), ("ns", "b"): _nb("b", "nb-b"),
-                 ("ns", "c"): _nb("c", "nb-c"), ("ns", "d"): _nb("d", "nb-d")}
+def test_pods_are_paired_as_the_notebook_controller_acts_and_labels_do_not_count() -> None:
+    """The StatefulSet `<name>` of the Notebook's namespace, whatever its ownerReferences (the notebook-controller
+    scales it by name), then its pod `<name>-0` by the pod's controller uid."""
+    notebooks = {("ns", n): _nb(n, f"nb-{n}", {"notebook-name": "decoy"} if n == "a" else None)
+                 for n in ("a", "b", "c", "d", "e", "f", "g")}
+    bare = {"metadata": {"namespace": "ns", "name": "e", "uid": "sts-e"}}  # its ownerReference removed
     sts = {("ns", "a"): _owned("a", "Notebook", "a", "nb-a", "sts-a"),
-           ("ns", "b"): _owned("b", "Notebook", "b", "another-uid", "sts-b"),  # not this Notebook's
-           ("ns", "c"): _owned("c", "Notebook", "c", "nb-c", "sts-c")}
+           ("ns", "b"): _owned("b", "Notebook", "b", "another-uid", "sts-b"),  # says it is another Notebook's
+           ("ns", "c"): _owned("c", "Notebook", "c", "nb-c", "sts-c"),
+           ("ns", "e"): bare,
+           ("ns", "f"): _owned("f", "Notebook", "f", "nb-f", "sts-f"),
+           # a decoy of another name that claims to be g's, its pod named like g's
+           ("ns", "decoy"): _owned("decoy", "Notebook", "g", "nb-g", "sts-decoy")}
     pods = {("ns", "a-0"): _owned("a-0", "StatefulSet", "a", "sts-a"),
             ("ns", "b-0"): _owned("b-0", "StatefulSet", "b", "sts-b"),
             ("ns", "c-0"): {"metadata": {"namespace": "ns", "name": "c-0", "labels": {"statefulset": "c"}}},
-            ("ns", "decoy-0"): _owned("decoy-0", "StatefulSet", "a", "sts-a")}
+            ("ns", "decoy-0"): _owned("decoy-0", "StatefulSet", "a", "sts-a"),
+            ("ns", "e-0"): _owned("e-0", "StatefulSet", "e", "sts-e"),
+            ("ns", "f-0"): _owned("f-0", "StatefulSet", "f", "sts-other"),  # another StatefulSet f's, by uid
+            ("ns", "g-0"): _owned("g-0", "StatefulSet", "decoy", "sts-decoy")}
     paired, orphans = pair(notebooks, sts, pods)
     by_name = {nb["metadata"]["name"]: pod for nb, pod in paired}
     assert by_name["a"] is pods[("ns", "a-0")]  # a relabelled Notebook is still paired
-    assert by_name["b"] is None and by_name["c"] is None and by_name["d"] is None
+    assert by_name["b"] is pods[("ns", "b-0")] and by_name["e"] is pods[("ns", "e-0")]  # ownerReferences aside
+    assert by_name["c"] is None and by_name["d"] is None and by_name["f"] is None and by_name["g"] is None
     assert sorted((o.notebook, o.why) for o in orphans) == [
-        ("b", "the StatefulSet b is not controlled by this Notebook"),
-        ("c", "the pod is not controlled by the StatefulSet c")]
+        ("c", "the pod is not controlled by the StatefulSet c"),
+        ("f", "the pod is not controlled by the StatefulSet f"),
+        ("g", "no StatefulSet g exists")]
 
 
 @pytest.mark.cluster

@@ -122,14 +122,12 @@ def _slim_pod(obj: dict[str, Any], replicaset_pods: bool = False,
 
 
 def _slim_statefulset(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """A StatefulSet's identity and controller, for the ones a Notebook or a Workspace controls; None for the
-    others."""
+    """A StatefulSet's identity and controller. Every one is kept, whatever its ownerReferences: Kubeflow's
+    notebook-controller scales the StatefulSet named like the Notebook whether or not it still names the
+    Notebook as its controller (kf_culler/kube/pairing.py); those a Workspace controls are found by owner."""
     meta = _dict(obj.get("metadata"))
-    owners = _controller_ref(meta)
-    if not any(r.get("kind") in SESSION_KINDS for r in owners):
-        return None
     return {"metadata": {**{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
-                            if k in meta}, "ownerReferences": owners}}
+                            if k in meta}, "ownerReferences": _controller_ref(meta)}}
 
 
 NOTEBOOK_META = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
@@ -597,7 +595,7 @@ class ClusterCache:
             chosen: list[tuple[tuple[str, str, str], dict[str, Any]]] = []
             for c in self.workloads:
                 chosen += [((k[0], str(o.get("kind")), k[1]), o) for k, o in c.snapshot().items()
-                           if not session_statefulset(o, sessions)]
+                           if not session_statefulset(o, sessions, notebooks)]
             paired += [(w, workload_pod(w, by_deployment, pods_by_owner)) for _, w in sorted(chosen,
                                                                                            key=lambda x: x[0])]
         return paired
