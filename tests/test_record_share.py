@@ -127,6 +127,22 @@ def test_a_protected_write_is_never_left_out_and_a_deferred_one_keeps_to_its_sha
     assert room(contents, values, budget=10_000, per_namespace=1, protected=()) == [c, b]  # oldest first
 
 
+def test_the_import_is_remembered_per_shard_under_any_later_shard_count() -> None:
+    from kf_culler.kube.records import read_imported
+    from kf_culler.sharding import shard_of
+
+    store = RecordStore(None, "culler")
+    store.load([{"metadata": {"name": MARKER_BUCKET}, "data": {imported_key(1, 4): "2026-11-29T10:40:00Z",
+                                                             "x": "not a marker"}},
+                {"metadata": {"name": bucket_names()[1]}, "data": {imported_key(0, 4): "forged elsewhere"}}])
+    assert read_imported([{"metadata": {"name": MARKER_BUCKET}, "data": {"imported-x-of-4": "t"}}]) == set()
+    names = [f"team-{i}" for i in range(40)]
+    for ns in names:
+        assert store.import_due(ns) == (shard_of(ns, 4) != 1), ns  # only bucket 00's markers count
+    store.imported.add((0, 1))  # one replica, no shards, after the import
+    assert not any(store.import_due(ns) for ns in names)
+
+
 # On the real API server
 
 
