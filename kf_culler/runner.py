@@ -128,7 +128,7 @@ class Runner:
     # Where the culler keeps its record of notebooks (kf_culler/kube/records.py); None: `own_namespace()`.
     records_namespace: str | None = None
     records: RecordStore | None = None
-    # GPU pods that no notebook's ownership chain reaches (kf_culler/kube/pairing.py), after the last pass.
+    # GPU pods named like a notebook's that a stop would not remove (kf_culler/kube/pairing.py), after the last pass.
     gpu_orphans: list[Orphan] = field(default_factory=list)
     _orphans_told: set[str] = field(default_factory=set)
     # Pods whose GPU series contradict each other (a forged series), after the last pass: (namespace, pod, what).

@@ -38,7 +38,6 @@ from kf_culler.targets import (
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
-SESSION_KINDS = (NOTEBOOKS.kind, WORKSPACES.kind)  # StatefulSets these control are paired with them
 LIST_PAGE = 500  # objects per list request at most (as kubectl pages, --chunk-size=500)
 STREAM_CHUNK = 256 * 1024  # a list answer is read in chunks this size and split into its items as it comes
 # Collections of which the culler reads metadata only (StatefulSets: their owner): the API server sends
@@ -512,7 +511,7 @@ class ClusterCache:
             self.stop_event, slim=_slim_workspace_kind)] if ws.name in targets else []
         # by (namespace, the controlling Workspace's uid)
         self._ws_services: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        self.orphans: list[Orphan] = []  # pods named like a notebook's that its ownership chain does not reach
+        self.orphans: list[Orphan] = []  # pods named like a notebook's that its StatefulSet does not control
 
     def _watch_workloads(self, custom: Any, apps: Any, ns: str | None, keep: Callable[[dict[str, Any]], bool],
                          kinds: tuple[str, ...]) -> None:
