@@ -91,6 +91,42 @@ def test_a_gpu_pod_taken_from_its_statefulset_is_reported_once(api: Any, namespa
     assert metrics.registry.get_sample_value("kf_culler_orphaned_gpu_pods", {"namespace": namespace}) == 1
 
 
+@pytest.mark.cluster
+def test_a_statefulset_without_its_owner_reference_is_still_the_notebooks(api: Any, namespace: str) -> None:
+    """The tenant removes the ownerReference from their GPU notebook's StatefulSet (the notebook-controller scales
+    it by name all the same: tests/test_red_team.py shows it with the real controller). The culler still pairs
+    the pod, judges the notebook idle on its GPU rather than `starting`, and reports no orphan; a decoy
+    StatefulSet of another name that claims the Notebook as its controller, with a GPU pod, pairs with nothing."""
+    apps = client.AppsV1Api(api)
+    obj.create_notebook(api, namespace, obj.notebook("nb", gpus=1))
+    obj.running_pod(api, namespace, "nb", datetime.now(UTC) - timedelta(hours=2), gpus=1)
+    apps.patch_namespaced_stateful_set("nb", namespace, [{"op": "remove", "path": "/metadata/ownerReferences"}],
+                                       _content_type="application/json-patch+json")
+    uid = obj.get_notebook(api, namespace, "nb")["metadata"]["uid"]
+    decoy = apps.create_namespaced_stateful_set(namespace, {
+        "metadata": {"name": "decoy", "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "Notebook",
+                                                           "name": "nb", "uid": uid, "controller": True}]},
+        "spec": {"replicas": 1, "serviceName": "", "selector": {"matchLabels": {"app": "decoy"}},
+                 "template": {"metadata": {"labels": {"app": "decoy"}},
+                              "spec": {"containers": [{"name": "c", "image": "decoy:local"}]}}}})
+    client.CoreV1Api(api).create_namespaced_pod(namespace, {
+        "metadata": {"name": "decoy-0", "labels": {"app": "decoy"}, "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "decoy", "uid": decoy.metadata.uid,
+             "controller": True}]},
+        "spec": {"containers": [{"name": "c", "image": "decoy:local",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    time.sleep(1)
+    runner = Runner(load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600,
+                                  "noSignalGpuIdleMinutes": 600}, "test"), api, dry_run=True)
+    with runner:
+        (only,) = runner.once().results
+        snapshot = runner.cache.snapshot() if runner.cache is not None else []
+    assert only.name == "nb" and only.verdict.rule != "3-starting", only.verdict
+    assert [(nb["metadata"]["name"], (pod or {}).get("metadata", {}).get("name")) for nb, pod in snapshot] == [
+        ("nb", "nb-0")]
+    assert runner.gpu_orphans == []
+
+
 def test_reclaimed_gpu_time_counts_only_the_cullers_own_stops_of_unorphaned_notebooks() -> None:
     from kf_culler.model import STOP_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
 
