@@ -537,8 +537,9 @@ class Cycle:
         return url, None
 
     def _record_of(self, nb: dict[str, Any], now: datetime) -> CullerRecord | None:
-        """The culler's record of the notebook's uid; for a notebook it has none of, the one-time import of the
-        old marks (kf_culler/record.py `imported`), stored with the pass's other deferred record writes."""
+        """The culler's record of the notebook's uid; for a notebook it has none of, while its namespace's import
+        is not yet done (kf_culler/kube/records.py `import_due`), the one-time import of the old marks
+        (kf_culler/record.py `imported`), stored with the pass's other deferred record writes."""
         if self.records is None:
             return None
         meta: dict[str, Any] = nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}
@@ -551,7 +552,8 @@ class Cycle:
         if target_of(nb) is not NOTEBOOKS:  # the old marks were only ever written on Notebooks
             return None
         ann = meta.get("annotations")
-        old = imported(ann, now) if isinstance(ann, dict) else None
+        old = imported(ann, now) if isinstance(ann, dict) and self.records.import_due(str(meta.get("namespace"))) \
+            else None
         if old is not None and self._may_store(str(meta.get("namespace"))):
             self.records.defer(uid, str(meta.get("namespace")), str(meta.get("name")), old)
         return old

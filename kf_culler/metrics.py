@@ -54,7 +54,7 @@ class Metrics:
                                      ["channel", "kind", "outcome"], registry=r)
         self._orphan_namespaces: set[str] = set()
         self.orphaned = Gauge("kf_culler_orphaned_gpu_pods", "Pods named like a notebook's pod, holding a GPU, "
-                              "that the notebook's ownership chain does not reach (docs/observability.md)",
+                              "that the StatefulSet a stop scales does not control (docs/observability.md)",
                               ["namespace"], registry=r)
         self.contested = Gauge("kf_culler_gpu_contested_pods", "Pods whose GPU series contradict each other (a "
                                "series not from dcgm-exporter claims their GPU): their GPU reads no-signal",

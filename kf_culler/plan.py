@@ -30,7 +30,7 @@ EVENT_STOP = "IdleNotebookStopped"
 EVENT_WARN = "IdleNotebookWarning"
 EVENT_RESTART = "NotebookRestarted"
 EVENT_CONTESTED = "GpuSeriesContested"  # two GPU series claim one pod's GPU with different values
-EVENT_ORPHAN = "GpuPodOrphaned"  # a GPU pod the notebook's ownership chain does not reach (kf_culler/runner.py)
+EVENT_ORPHAN = "GpuPodOrphaned"  # a GPU pod that a stop of its notebook would not remove (kf_culler/runner.py)
 
 
 @dataclass(frozen=True)

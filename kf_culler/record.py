@@ -122,13 +122,16 @@ def warned_this_period(record: CullerRecord | None, idle_since: datetime | None)
     return idle_since is None or record.warned_at >= idle_since
 
 
-def record_json(record: CullerRecord, namespace: str, name: str) -> dict[str, Any]:
-    """The stored form: the record plus the notebook's namespace and name (for clean-up and people)."""
-    return {"namespace": namespace, "name": name, **record.to_dict()}
+def record_json(record: CullerRecord, namespace: str) -> dict[str, Any]:
+    """The stored form: the record plus the notebook's namespace (whose share of a bucket it counts in, and which
+    replica sweeps it). Not the notebook's name: a string of the user's choosing, up to 253 characters, that
+    nothing reads back (the key is its uid)."""
+    return {"namespace": namespace, **record.to_dict()}
 
 
 def imported(annotations: Mapping[str, Any], now: datetime) -> CullerRecord | None:
-    """The one-time import of the old marks (docs/annotations.md, "Upgrading"): only a notebook that is still
+    """The one-time import of the old marks (docs/annotations.md, "Upgrading"; once per shard of namespaces,
+    remembered in the culler's namespace by kf_culler/kube/records.py): only a notebook that is still
     stopped (`kubeflow-resource-stopped`) with `stopped-by: kf-culler` gets a record, `stoppedAt` from its
     `stopped-at` (or now). On any other notebook the marks are what a user may have written, and mean nothing."""
     if STOP_ANNOTATION not in annotations or annotations.get(STOPPED_BY_ANNOTATION) != STOPPED_BY_VALUE:

@@ -114,6 +114,7 @@ class Runner:
     on_event: Callable[[NotebookResult], None] | None = None  # a result whose Event was sent (after the pass)
     may_write: Callable[[], bool] = lambda: True
     owns: Callable[[str], bool] | None = None  # with shards: this replica holds the namespace's shard now
+    held_shards: Callable[[], list[int]] | None = None  # with shards: the shards this replica holds now
     on_observed: Observer | None = None
     cache: ClusterCache | None = None
     tracer: Tracer | None = None
@@ -128,7 +129,7 @@ class Runner:
     # Where the culler keeps its record of notebooks (kf_culler/kube/records.py); None: `own_namespace()`.
     records_namespace: str | None = None
     records: RecordStore | None = None
-    # GPU pods that no notebook's ownership chain reaches (kf_culler/kube/pairing.py), after the last pass.
+    # GPU pods named like a notebook's that a stop would not remove (kf_culler/kube/pairing.py), after the last pass.
     gpu_orphans: list[Orphan] = field(default_factory=list)
     _orphans_told: set[str] = field(default_factory=set)
     # Pods whose GPU series contradict each other (a forged series), after the last pass: (namespace, pod, what).
@@ -297,12 +298,13 @@ class Runner:
         cycle = self.build_cycle(on_written=cache.record_notebook)
         snapshot = cache.snapshot()
         items = snapshot + self.coder_items()  # Coder's workspaces, listed now (`targets: [coder]`)
+        held = self._shards_held()
         result = cycle.run(items)
         self._events = result
         if wait_events:
             self.wait_events()
         self._keep_brakes(result)
-        self._keep_records(items)
+        self._keep_records(items, held, result.now)
         self._report_orphans(snapshot, result.now)
         self._report_contested(snapshot, result.now)
         if self.policies is None:
@@ -342,12 +344,23 @@ class Runner:
             log.info("brakes: %d stops and %d warnings left for the next pass (per-pass caps)",
                      len(braked.deferred_stops), len(braked.deferred_warnings))
 
-    def _keep_records(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> None:
+    def _shards_held(self) -> list[int]:
+        """The shards of namespaces this replica holds now: every one without shards (or without `owns`)."""
+        count = self.settings.operations.shards
+        if self.owns is None:
+            return list(range(count))
+        return self.held_shards() if self.held_shards is not None else []
+
+    def _keep_records(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], held: list[int],
+                      now: datetime) -> None:
         """After a pass: forget the records of notebooks that are gone, then store the pass's deferred record
-        writes (one patch per bucket). Only a replica that may write, for the namespaces it holds."""
+        writes (one patch per bucket). Only a replica that may write, for the namespaces it holds. Once every
+        deferred write is stored, the old marks of the shards held through the whole pass are imported: that
+        is remembered, and never done again (kf_culler/kube/records.py)."""
         if self.records is None or self.dry_run or self.settings.operations.dry_run or not self.may_write():
             return
-        if self.cache is not None and self.cache.synced:
+        synced = self.cache is not None and self.cache.synced
+        if synced:
             live = {str((nb.get("metadata") or {}).get("uid")) for nb, _ in snapshot}
             selects, owns = self.settings.operations.namespaces.selects, self.owns or (lambda _ns: True)
             # Coder not read yet, or some of its workspaces left out: their records are kept
@@ -355,12 +368,16 @@ class Runner:
                        and (self.coder_listed is None or self.coder_unjudged) else None)
             self.records.sweep(live, lambda ns: selects(ns) and owns(ns) and ns != unknown)
         self.records.flush()
+        still = set(self._shards_held())
+        if synced and not self.stop.is_set() and self.records.pending == 0 and self.may_write():
+            self.records.mark_imported([i for i in held if i in still], self.settings.operations.shards, now)
 
     def _report_orphans(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime) -> None:
-        """Pods named `<name>-0` that hold a GPU but that the notebook's ownership chain does not reach (a user
-        relabelled the pod off its StatefulSet): stopping the notebook frees nothing, and the culler does not
-        delete pods. Kept in `gpu_orphans` (a metric), logged, and told once per pod with a Warning Event on the
-        Notebook, which its namespace's users and the admin see."""
+        """Pods named `<name>-0` that hold a GPU but that the StatefulSet `<name>` does not control (a user
+        relabelled the pod off it, or there is none): Kubeflow's notebook-controller stops a notebook by scaling
+        that StatefulSet, which leaves such a pod running, and the culler does not delete pods. Kept in
+        `gpu_orphans` (a metric), logged, and told once per pod with a Warning Event on the Notebook, which its
+        namespace's users and the admin see."""
         if self.cache is None:
             return
         from kf_culler.notebook import gpu_count
@@ -376,6 +393,7 @@ class Runner:
                 continue
             self._orphans_told.add(uid)
             message = (f"The pod {o.notebook}-0 holds a GPU but is not this notebook's running pod ({o.why}): "
+                       f"a stop scales the StatefulSet {o.notebook} to 0, which does not remove this pod, so "
                        "stopping the notebook would not free that GPU. An administrator must delete the pod.")
             log.warning("%s/%s: %s", o.namespace, o.notebook, message)
             nb = notebooks.get((o.namespace, o.notebook))

@@ -183,7 +183,8 @@ def serve(settings: Settings, api: Any, opts: Options) -> int:
     runner = Runner(settings, api, dry_run=opts.dry_run, records_namespace=opts.records_namespace,
                     on_result=on_result, on_cycle=on_cycle, on_event=metrics.observe_event,
                     on_observed=recorder.record if recorder else None,
-                    owns=owns, may_write=may_write, notifier=notifier)
+                    owns=owns, held_shards=shards.held if shards is not None else None, may_write=may_write,
+                    notifier=notifier)
     built.append(runner)
     runner.install_signal_handlers()
     servers: list[HealthServer | ApiServer] = []

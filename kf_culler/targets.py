@@ -247,14 +247,21 @@ def controlled_by_kind(obj: Mapping[str, Any], skips: Iterable[tuple[str, Collec
     return False
 
 
-def session_statefulset(sts: Mapping[str, Any], sessions: frozenset[OwnerKey] | set[OwnerKey]) -> bool:
+def session_statefulset(sts: Mapping[str, Any], sessions: frozenset[OwnerKey] | set[OwnerKey],
+                        notebooks: Collection[tuple[str, str]] = ()) -> bool:
     """Whether a StatefulSet is the one a Notebook or a Workspace session is paired with (culled through that
-    session, scaled by its controller): controlled by a session the culler lists (`sessions`: (namespace, uid)
-    of its Notebooks and of its Workspaces that control one StatefulSet), and for a Notebook its `<name>`. An
-    ownerReference is its owner's to write, to a made-up or unlisted owner as well: any other StatefulSet is a
-    workload."""
+    session, scaled by its controller): named like a Notebook the culler lists in its namespace (`notebooks`:
+    (namespace, name); Kubeflow's notebook-controller scales it by name, whatever its ownerReferences say), or
+    controlled by a session the culler lists (`sessions`: (namespace, uid) of its Notebooks and of its
+    Workspaces that control one StatefulSet), and for a Notebook its `<name>`. An ownerReference is its owner's
+    to write, to a made-up or unlisted owner as well: any other StatefulSet is a workload."""
+    if target_of(sts) is not STATEFULSETS:
+        return False
+    meta = _dict(sts.get("metadata"))
+    if (str(meta.get("namespace") or ""), str(meta.get("name") or "")) in notebooks:
+        return True
     ref = controller_of(sts)
-    if ref is None or target_of(sts) is not STATEFULSETS:
+    if ref is None:
         return False
     kind, name, uid = ref
     if (str(_dict(sts.get("metadata")).get("namespace") or ""), uid) not in sessions:

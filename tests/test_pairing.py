@@ -28,23 +28,35 @@ def _owned(name: str, kind: str, owner: str, owner_uid: str, uid: str = "") -> d
         {"kind": kind, "name": owner, "uid": owner_uid, "controller": True}]}}
 
 
-def test_the_ownership_chain_pairs_and_labels_do_not() -> None:
-    notebooks = {("ns", "a"): _nb("a", "nb-a", {"notebook-name": "decoy"}), ("ns", "b"): _nb("b", "nb-b"),
-                 ("ns", "c"): _nb("c", "nb-c"), ("ns", "d"): _nb("d", "nb-d")}
+def test_pods_are_paired_as_the_notebook_controller_acts_and_labels_do_not_count() -> None:
+    """The StatefulSet `<name>` of the Notebook's namespace, whatever its ownerReferences (the notebook-controller
+    scales it by name), then its pod `<name>-0` by the pod's controller uid."""
+    notebooks = {("ns", n): _nb(n, f"nb-{n}", {"notebook-name": "decoy"} if n == "a" else None)
+                 for n in ("a", "b", "c", "d", "e", "f", "g")}
+    bare = {"metadata": {"namespace": "ns", "name": "e", "uid": "sts-e"}}  # its ownerReference removed
     sts = {("ns", "a"): _owned("a", "Notebook", "a", "nb-a", "sts-a"),
-           ("ns", "b"): _owned("b", "Notebook", "b", "another-uid", "sts-b"),  # not this Notebook's
-           ("ns", "c"): _owned("c", "Notebook", "c", "nb-c", "sts-c")}
+           ("ns", "b"): _owned("b", "Notebook", "b", "another-uid", "sts-b"),  # says it is another Notebook's
+           ("ns", "c"): _owned("c", "Notebook", "c", "nb-c", "sts-c"),
+           ("ns", "e"): bare,
+           ("ns", "f"): _owned("f", "Notebook", "f", "nb-f", "sts-f"),
+           # a decoy of another name that claims to be g's, its pod named like g's
+           ("ns", "decoy"): _owned("decoy", "Notebook", "g", "nb-g", "sts-decoy")}
     pods = {("ns", "a-0"): _owned("a-0", "StatefulSet", "a", "sts-a"),
             ("ns", "b-0"): _owned("b-0", "StatefulSet", "b", "sts-b"),
             ("ns", "c-0"): {"metadata": {"namespace": "ns", "name": "c-0", "labels": {"statefulset": "c"}}},
-            ("ns", "decoy-0"): _owned("decoy-0", "StatefulSet", "a", "sts-a")}
+            ("ns", "decoy-0"): _owned("decoy-0", "StatefulSet", "a", "sts-a"),
+            ("ns", "e-0"): _owned("e-0", "StatefulSet", "e", "sts-e"),
+            ("ns", "f-0"): _owned("f-0", "StatefulSet", "f", "sts-other"),  # another StatefulSet f's, by uid
+            ("ns", "g-0"): _owned("g-0", "StatefulSet", "decoy", "sts-decoy")}
     paired, orphans = pair(notebooks, sts, pods)
     by_name = {nb["metadata"]["name"]: pod for nb, pod in paired}
     assert by_name["a"] is pods[("ns", "a-0")]  # a relabelled Notebook is still paired
-    assert by_name["b"] is None and by_name["c"] is None and by_name["d"] is None
+    assert by_name["b"] is pods[("ns", "b-0")] and by_name["e"] is pods[("ns", "e-0")]  # ownerReferences aside
+    assert by_name["c"] is None and by_name["d"] is None and by_name["f"] is None and by_name["g"] is None
     assert sorted((o.notebook, o.why) for o in orphans) == [
-        ("b", "the StatefulSet b is not controlled by this Notebook"),
-        ("c", "the pod is not controlled by the StatefulSet c")]
+        ("c", "the pod is not controlled by the StatefulSet c"),
+        ("f", "the pod is not controlled by the StatefulSet f"),
+        ("g", "no StatefulSet g exists")]
 
 
 @pytest.mark.cluster
@@ -77,6 +89,42 @@ def test_a_gpu_pod_taken_from_its_statefulset_is_reported_once(api: Any, namespa
     events = [e for e in obj.events_for(api, namespace, "nb") if e.reason == EVENT_ORPHAN]
     assert len(events) == 1 and "holds a GPU" in events[0].message and events[0].type == "Warning"
     assert metrics.registry.get_sample_value("kf_culler_orphaned_gpu_pods", {"namespace": namespace}) == 1
+
+
+@pytest.mark.cluster
+def test_a_statefulset_without_its_owner_reference_is_still_the_notebooks(api: Any, namespace: str) -> None:
+    """The tenant removes the ownerReference from their GPU notebook's StatefulSet (the notebook-controller scales
+    it by name all the same: tests/test_red_team.py shows it with the real controller). The culler still pairs
+    the pod, judges the notebook idle on its GPU rather than `starting`, and reports no orphan; a decoy
+    StatefulSet of another name that claims the Notebook as its controller, with a GPU pod, pairs with nothing."""
+    apps = client.AppsV1Api(api)
+    obj.create_notebook(api, namespace, obj.notebook("nb", gpus=1))
+    obj.running_pod(api, namespace, "nb", datetime.now(UTC) - timedelta(hours=2), gpus=1)
+    apps.patch_namespaced_stateful_set("nb", namespace, [{"op": "remove", "path": "/metadata/ownerReferences"}],
+                                       _content_type="application/json-patch+json")
+    uid = obj.get_notebook(api, namespace, "nb")["metadata"]["uid"]
+    decoy = apps.create_namespaced_stateful_set(namespace, {
+        "metadata": {"name": "decoy", "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "Notebook",
+                                                           "name": "nb", "uid": uid, "controller": True}]},
+        "spec": {"replicas": 1, "serviceName": "", "selector": {"matchLabels": {"app": "decoy"}},
+                 "template": {"metadata": {"labels": {"app": "decoy"}},
+                              "spec": {"containers": [{"name": "c", "image": "decoy:local"}]}}}})
+    client.CoreV1Api(api).create_namespaced_pod(namespace, {
+        "metadata": {"name": "decoy-0", "labels": {"app": "decoy"}, "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "decoy", "uid": decoy.metadata.uid,
+             "controller": True}]},
+        "spec": {"containers": [{"name": "c", "image": "decoy:local",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    time.sleep(1)
+    runner = Runner(load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600,
+                                  "noSignalGpuIdleMinutes": 600}, "test"), api, dry_run=True)
+    with runner:
+        (only,) = runner.once().results
+        snapshot = runner.cache.snapshot() if runner.cache is not None else []
+    assert only.name == "nb" and only.verdict.rule != "3-starting", only.verdict
+    assert [(nb["metadata"]["name"], (pod or {}).get("metadata", {}).get("name")) for nb, pod in snapshot] == [
+        ("nb", "nb-0")]
+    assert runner.gpu_orphans == []
 
 
 def test_reclaimed_gpu_time_counts_only_the_cullers_own_stops_of_unorphaned_notebooks() -> None:

@@ -255,6 +255,39 @@ def test_relabelled_notebook_and_pod_are_still_paired(profile: Profile) -> None:
     profile.stopped("nb", r)
 
 
+def test_removing_the_statefulsets_owner_reference_hides_nothing(profile: Profile) -> None:
+    """Attack: `kubectl patch sts nb --type=json -p '[{"op":"remove","path":"/metadata/ownerReferences"}]'`,
+    and a decoy StatefulSet of another name that claims the Notebook as its controller, its pod asking for a
+    GPU. Kubeflow's controller finds the StatefulSet by name (and does not put the ownerReference back), and so
+    does the culler: the idle GPU notebook is stopped, the controller scales `nb` (and nothing else) to 0 and
+    the GPU pod goes away; nothing is reported as orphaned."""
+    profile.create("nb")
+    profile.wait_running("nb")
+    apps = client.AppsV1Api(profile.user)
+    apps.patch_namespaced_stateful_set("nb", profile.namespace,
+                                       [{"op": "remove", "path": "/metadata/ownerReferences"}],
+                                       _content_type="application/json-patch+json")
+    uid = profile.notebook("nb")["metadata"]["uid"]
+    apps.create_namespaced_stateful_set(profile.namespace, {
+        "metadata": {"name": "decoy", "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "Notebook",
+                                                           "name": "nb", "uid": uid, "controller": True}]},
+        "spec": {"replicas": 1, "serviceName": "decoy", "selector": {"matchLabels": {"app": "decoy"}},
+                 "template": {"metadata": {"labels": {"app": "decoy"}}, "spec": {"containers": [{
+                     "name": "decoy", "image": "decoy:local",
+                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    runner = profile.culler()
+    r = profile.passes_until("nb", is_stop, between=lambda: profile.gpu.assign("nb-0", util=0, used_mib=0))
+    assert r.verdict.state == "idle" and r.gpus == 1, r.verdict
+    assert runner.gpu_orphans == []
+    profile.stopped("nb", r)
+    core = client.CoreV1Api(profile.admin)
+    procs.wait_until(lambda: "nb-0" not in {p.metadata.name for p in core.list_namespaced_pod(
+        profile.namespace).items}, 60, 0.2, "the GPU pod nb-0 to go away")
+    sts = client.AppsV1Api(profile.admin).read_namespaced_stateful_set("nb", profile.namespace)
+    assert not sts.metadata.owner_references  # the controller scaled it without taking it back
+    assert profile.replicas("decoy") == 1  # a stop of nb scales nb alone, whatever the decoy claims
+
+
 def test_deleting_ones_pod_does_not_restart_the_lifetime_cap(profile: Profile) -> None:
     """Attack: a kernel kept busy (positive evidence) and the pod deleted again and again (the StatefulSet
     makes a new one each time): the lifetime cap counts from when the culler first saw the notebook running

@@ -195,6 +195,11 @@ def test_ownerreferences_a_user_writes_keep_no_workload_out_of_culling() -> None
     assert not session_statefulset(notebook_sts, {("other", "n")})  # another namespace's
     renamed = {**notebook_sts, "metadata": {**notebook_sts["metadata"], "name": "other"}}
     assert not session_statefulset(renamed, {("team", "n")})  # not the notebook-controller's <name>
+    # its ownerReference removed: still the one the notebook-controller scales, by name, for a listed Notebook
+    bare = {**notebook_sts, "metadata": {k: v for k, v in notebook_sts["metadata"].items() if k != "ownerReferences"}}
+    assert session_statefulset(bare, set(), {("team", "nb")})
+    assert not session_statefulset(bare, set(), {("other", "nb")}) and not session_statefulset(bare, set())
+    assert not session_statefulset(renamed, {("team", "n")}, {("team", "nb")})
     decoy = owned("StatefulSet", "ws-ws1-aaaaa", "Workspace", "ws1", "uid-ws1")  # empty, made first by its user
     real = owned("StatefulSet", "ws-ws1-zzzzz", "Workspace", "ws1", "uid-ws1")
     gpu_pod = {**owned("Pod", "ws-ws1-zzzzz-0", "StatefulSet", "ws-ws1-zzzzz", "uid-ws-ws1-zzzzz"),

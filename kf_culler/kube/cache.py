@@ -38,7 +38,6 @@ from kf_culler.targets import (
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
-SESSION_KINDS = (NOTEBOOKS.kind, WORKSPACES.kind)  # StatefulSets these control are paired with them
 LIST_PAGE = 500  # objects per list request at most (as kubectl pages, --chunk-size=500)
 STREAM_CHUNK = 256 * 1024  # a list answer is read in chunks this size and split into its items as it comes
 # Collections of which the culler reads metadata only (StatefulSets: their owner): the API server sends
@@ -122,14 +121,12 @@ def _slim_pod(obj: dict[str, Any], replicaset_pods: bool = False,
 
 
 def _slim_statefulset(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """A StatefulSet's identity and controller, for the ones a Notebook or a Workspace controls; None for the
-    others."""
+    """A StatefulSet's identity and controller. Every one is kept, whatever its ownerReferences: Kubeflow's
+    notebook-controller scales the StatefulSet named like the Notebook whether or not it still names the
+    Notebook as its controller (kf_culler/kube/pairing.py); those a Workspace controls are found by owner."""
     meta = _dict(obj.get("metadata"))
-    owners = _controller_ref(meta)
-    if not any(r.get("kind") in SESSION_KINDS for r in owners):
-        return None
     return {"metadata": {**{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
-                            if k in meta}, "ownerReferences": owners}}
+                            if k in meta}, "ownerReferences": _controller_ref(meta)}}
 
 
 NOTEBOOK_META = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
@@ -514,7 +511,7 @@ class ClusterCache:
             self.stop_event, slim=_slim_workspace_kind)] if ws.name in targets else []
         # by (namespace, the controlling Workspace's uid)
         self._ws_services: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        self.orphans: list[Orphan] = []  # pods named like a notebook's that its ownership chain does not reach
+        self.orphans: list[Orphan] = []  # pods named like a notebook's that its StatefulSet does not control
 
     def _watch_workloads(self, custom: Any, apps: Any, ns: str | None, keep: Callable[[dict[str, Any]], bool],
                          kinds: tuple[str, ...]) -> None:
@@ -597,7 +594,7 @@ class ClusterCache:
             chosen: list[tuple[tuple[str, str, str], dict[str, Any]]] = []
             for c in self.workloads:
                 chosen += [((k[0], str(o.get("kind")), k[1]), o) for k, o in c.snapshot().items()
-                           if not session_statefulset(o, sessions)]
+                           if not session_statefulset(o, sessions, notebooks)]
             paired += [(w, workload_pod(w, by_deployment, pods_by_owner)) for _, w in sorted(chosen,
                                                                                            key=lambda x: x[0])]
         return paired

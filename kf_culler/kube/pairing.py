@@ -1,10 +1,15 @@
-"""Which pod is a notebook's: paired by name and ownership, never by labels (rule 15).
+"""Which pod is a notebook's: paired as Kubeflow's notebook-controller acts, never by labels (rule 15).
 
-Kubeflow's notebook-controller owns the StatefulSet `<name>` (a controller ownerReference to the Notebook's
-uid), which owns the pod `<name>-0`. A profile user can relabel their Notebook (the controller copies its
-labels onto the pod template) and their pods, so labels decide nothing here. A pod named `<name>-0` that the
-chain does not reach is not the notebook's running pod; when it holds a GPU it is reported (`Orphan`): its
-GPU is held by nothing the culler can stop. Pure: over the cached objects.
+Kubeflow's notebook-controller (v1.11.0, controllers/notebook_controller.go) finds a Notebook's StatefulSet by
+name, `<name>` in the Notebook's namespace, and writes its replicas (0 when the Notebook carries the stop
+annotation) whatever that StatefulSet's ownerReferences say; it neither checks them nor puts a removed one
+back. The StatefulSet controller then removes the pods it controls, `<name>-0` among them. So a notebook's
+pod is `<name>-0` controlled (by uid) by the StatefulSet `<name>` of its namespace: removing or changing the
+StatefulSet's ownerReference hides nothing, since a stop still scales it. A profile user can relabel their
+Notebook (the controller copies its labels onto the pod template) and their pods, so labels decide nothing
+here, and a StatefulSet of another name is never a notebook's, whatever it claims to be owned by. A pod named
+`<name>-0` that the StatefulSet `<name>` does not control is what a stop cannot reach: when it holds a GPU it
+is reported (`Orphan`). Pure: over the cached objects.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ def _uid(obj: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Orphan:
-    """A pod named like a notebook's pod that the notebook's ownership chain does not reach."""
+    """A pod named like a notebook's pod that the StatefulSet `<name>`, which a stop scales, does not control."""
 
     namespace: str
     notebook: str
@@ -41,7 +46,8 @@ class Orphan:
 
 def pair(notebooks: Mapping[Key, dict[str, Any]], statefulsets: Mapping[Key, dict[str, Any]],
          pods: Mapping[Key, dict[str, Any]]) -> tuple[list[tuple[dict[str, Any], dict[str, Any] | None]], list[Orphan]]:
-    """Every notebook (sorted) with its pod, or None; and the pods named `<name>-0` that are not its."""
+    """Every notebook (sorted) with its pod, or None; and the pods named `<name>-0` that a stop would not
+    remove (`Orphan`)."""
     out: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     orphans: list[Orphan] = []
     for key in sorted(notebooks):
@@ -55,8 +61,6 @@ def pair(notebooks: Mapping[Key, dict[str, Any]], statefulsets: Mapping[Key, dic
         why = None
         if sts is None:
             why = f"no StatefulSet {name} exists"
-        elif controller_of(sts) != ("Notebook", name, _uid(nb)):
-            why = f"the StatefulSet {name} is not controlled by this Notebook"
         elif controller_of(pod) != ("StatefulSet", name, _uid(sts)):
             why = f"the pod is not controlled by the StatefulSet {name}"
         if why is None:
