@@ -64,8 +64,17 @@ def _type(server_type: str) -> str:
     return TYPE_NAMES.get(server_type) or clean(server_type, VALUE)
 
 
+def not_taken(result: CycleResult) -> list[str]:
+    """One warning per session whose stop did not take (rule 1): its GPU is still held."""
+    return [f"the stop of {r.namespace}/{r.name} did not take: its pod still holds {r.gpus} GPU(s) "
+            f"(docs/targets.md, \"A stop that does not take\")" for r in result.results
+            if r.verdict.rule == "1-stop-not-taken"]
+
+
 def render(result: CycleResult, fmt: str, warnings: Sequence[str] = ()) -> str:
-    """`warnings` (e.g. no GPU metrics source): `# warning: ...` lines above the table, `warnings` in JSON/YAML."""
+    """`warnings` (e.g. no GPU metrics source, a stop that did not take): `# warning: ...` lines above the table,
+    `warnings` in JSON/YAML."""
+    warnings = [*warnings, *not_taken(result)]
     if fmt in ("json", "yaml"):
         doc: dict[str, Any] = {"now": result.now.isoformat(), **({"warnings": list(warnings)} if warnings else {}),
                                "notebooks": rows(result)}
