@@ -150,11 +150,16 @@ class Writer:
         ops = [{"op": "test", "path": "/metadata/uid", "value": step.uid},
                {"op": "replace", "path": "/spec/replicas", "value": 0}]
         apps = client.AppsV1Api(self.core.api_client)
+
+        def scale() -> None:
+            resp = apps.patch_namespaced_stateful_set_scale(step.name, namespace, ops,
+                                                            _content_type="application/json-patch+json",
+                                                            _request_timeout=REQUEST_TIMEOUT, _preload_content=False)
+            resp.drain_conn()  # read to its end, so that the connection goes back to the pool
+            resp.release_conn()
+
         try:
-            with_backoff(lambda: apps.patch_namespaced_stateful_set_scale(
-                step.name, namespace, ops, _content_type="application/json-patch+json",
-                _request_timeout=REQUEST_TIMEOUT, _preload_content=False).release_conn(),
-                give_up=lambda: not may_write())
+            with_backoff(scale, give_up=lambda: not may_write())
         except ApiException as err:
             if err.status in (404, 409, 422):  # gone, or the test of the uid failed: another object now
                 return "gone"
