@@ -117,8 +117,10 @@ def explain(r: NotebookResult, notifications: str | None = None) -> str:
         out.append(f"Notifications: {clean(notifications, REASON)}")
     if r.plan is not None and not r.plan.empty:
         out.append("")
+        step = r.plan.reclaim
         out.append(f"Would write: annotations {json.dumps(r.plan.annotations)}"
-                   + (f"; Event {r.plan.event.reason}" if r.plan.event else ""))
+                   + (f"; Event {r.plan.event.reason}" if r.plan.event else "")
+                   + (f"; scale the {step.kind} {clean(step.name, NAME)} to 0" if step is not None else ""))
     return "\n".join(out)
 
 

@@ -175,3 +175,15 @@ def test_a_notebook_whose_stop_did_not_take_is_not_counted_as_reclaimed() -> Non
 
     assert gpu_hours(frozenset()) == pytest.approx(10 / 60)
     assert gpu_hours(frozenset({("team-a", "nb-idle")})) == 0
+
+
+def test_explain_says_what_the_culler_would_do_next() -> None:
+    from kf_culler.report import explain
+
+    v = view(workspace(controls={"statefulSets": 2, "services": 1}), pod(STS_REF), CullerRecord(stopped_at=STOPPED_AT))
+    verdict = decide_view(v, {}, SETTINGS.policy, NOW)
+    r = NotebookResult(*v.key, v.server_type, v.gpus, verdict, {}, plan=plan(v, verdict, NOW, 10), record=v.record)
+    text = explain(r)
+    assert "rule 1-stop-not-taken" in text and f"Event {EVENT_NOT_TAKEN}" in text, text
+    assert "scale the StatefulSet ws-abcde to 0" in text, text
+    assert '"stopNotTakenAt"' not in text  # the record as the pass read it: not told yet
