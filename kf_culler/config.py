@@ -506,6 +506,9 @@ class Operations(_Model):
     last_activity_step_minutes: float = Field(default=10, alias="lastActivityStepMinutes", ge=0, le=1440)
     # `check` lists, and a gauge counts, notebooks stopped longer than this (the culler never deletes them).
     long_stopped_days: float = Field(default=30, alias="longStoppedDays", gt=0, le=3660)
+    # How long after the culler's own stop the session's GPU pod must be gone before the stop counts as not taken
+    # (rule 1, kf_culler/rules/untaken.py). Not given: three check periods, at least 2 minutes.
+    stop_deadline_minutes: float | None = Field(default=None, alias="stopDeadlineMinutes", gt=0, le=1440)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     rstudio: RStudioSettings = Field(default_factory=RStudioSettings)
     dcgm: DcgmSettings = Field(default_factory=DcgmSettings)
@@ -524,6 +527,21 @@ class Operations(_Model):
         default=("notebooks",), strict=False, min_length=1)
     workloads: WorkloadSettings | None = None  # required with `targets: [workloads]`
     coder: CoderSettings | None = None  # required with `targets: [coder]`
+
+    @property
+    def stop_deadline_seconds(self) -> float:
+        """`stopDeadlineMinutes` in seconds; not given: three check periods, at least 2 minutes."""
+        if self.stop_deadline_minutes is not None:
+            return self.stop_deadline_minutes * 60
+        return max(3 * self.check_period_seconds, 120.0)
+
+    @model_validator(mode="after")
+    def _stop_deadline_spans_a_pass(self) -> Operations:
+        if self.stop_deadline_minutes is not None and self.stop_deadline_minutes * 60 < self.check_period_seconds:
+            raise ValueError(f"stopDeadlineMinutes {self.stop_deadline_minutes:g} is shorter than one pass "
+                             f"(checkPeriodSeconds {self.check_period_seconds:g}): a stop would be reported as not "
+                             "taken before the culler could see its pod go")
+        return self
 
     @model_validator(mode="after")
     def _workloads_chosen(self) -> Operations:

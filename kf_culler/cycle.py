@@ -87,6 +87,8 @@ class NotebookResult:
     trace_id: str | None = None
     record: CullerRecord | None = None  # the culler's own record of the notebook, as the pass read it
     policy: Policy | None = None  # the policy chosen for it (kf_culler/policy.py): notices read maxExtendMinutes
+    # A stop that did not take: how its next step went (kf_culler/kube/writer.py `Writer.reclaim`), or None.
+    reclaim: str | None = None
 
 
 @dataclass
@@ -204,9 +206,9 @@ class Cycle:
         if self.settings.operations.gpu_only and sel.view.gpus == 0:
             return None
         record = self._record_of(nb, now)  # after gpuOnly: a notebook left out gets no record
-        if record is None:
-            return sel
-        return dataclasses.replace(sel, view=dataclasses.replace(sel.view, record=record))
+        deadline = self.settings.operations.stop_deadline_seconds
+        return dataclasses.replace(sel, view=dataclasses.replace(sel.view, record=record,
+                                                                 stop_deadline_seconds=deadline))
 
     def selection_context(self, namespace: str, pod: dict[str, Any] | None) -> dict[str, Any]:
         """What the policy choice read besides the notebook and its pod, as a replay trace keeps it
@@ -626,7 +628,7 @@ class Cycle:
                     def replan(fresh: dict[str, Any]) -> Plan:
                         fresh_view = dataclasses.replace(
                             NotebookView.of(fresh, pod, policy, record=view.record, access_problem=view.access_problem),
-                            gpu_models=view.gpu_models)
+                            gpu_models=view.gpu_models, stop_deadline_seconds=view.stop_deadline_seconds)
                         return plan(fresh_view, j.restrain(decide_view(fresh_view, observations, policy, now)), now,
                                     step, trace_id)
 
@@ -654,6 +656,9 @@ class Cycle:
                                 self.records.put(*restore)
                         if settled is not None:
                             settled.add(sel.key)
+                        reclaim = result.write.plan.reclaim if result.write.plan is not None else None
+                        if reclaim is not None and result.write.outcome == "patched":
+                            result.reclaim = self.writer.reclaim(ns, reclaim, allowed)
                     else:
                         result.write = WriteResult("failed", plan=result.plan,
                                                    error="the culler's record could not be stored; not written")

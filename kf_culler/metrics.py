@@ -28,10 +28,15 @@ from kf_culler.model import (
     State,
 )
 from kf_culler.stopped import LongStopped
-from kf_culler.targets import NOTEBOOKS, target_of
+from kf_culler.targets import KINDS, NOTEBOOKS, target_of
 from kf_culler.timeutil import parse_time
 
 STATES: tuple[str, ...] = get_args(State)
+
+
+def not_taken_keys(result: CycleResult) -> frozenset[tuple[str, str]]:
+    """The sessions of a pass whose stop did not take (rule 1), by session key: their GPU is not reclaimed."""
+    return frozenset((r.namespace, r.name) for r in result.results if r.verdict.rule == "1-stop-not-taken")
 
 
 class Metrics:
@@ -62,6 +67,11 @@ class Metrics:
         self.coder_unjudged = Gauge("kf_culler_coder_workspaces_unjudged", "Coder workspaces listed beyond "
                                     "coder.maxWorkspaces in the last listing: not judged, left as they are",
                                     registry=r)
+        self.not_taken = Gauge("kf_culler_stops_not_taken", "Sessions whose stop by the culler did not free their GPU "
+                               "pod within stopDeadlineMinutes, in the last pass, by kind (rule 1-stop-not-taken)",
+                               ["kind"], registry=r)
+        self.reclaims = Counter("kf_culler_stop_next_steps", "Next steps taken for stops that did not take (a "
+                                "Workspace's own StatefulSet scaled to 0), by outcome", ["outcome"], registry=r)
         self.leader = Gauge("kf_culler_leader", "1 while this replica holds the lease", registry=r)
         self.long_stopped = Gauge("kf_culler_long_stopped_notebooks", "Notebooks stopped longer than "
                                   "longStoppedDays, by whether they request a GPU", ["gpu"], registry=r)
@@ -92,6 +102,8 @@ class Metrics:
                 self.brake_deferred.labels(kind).inc(len(keys))
 
     def observe_result(self, r: NotebookResult) -> None:
+        if r.reclaim is not None:
+            self.reclaims.labels(r.reclaim.partition(":")[0]).inc()
         source = SERVER_SOURCES.get(r.server_type, r.server_type)
         for call in r.calls:
             self.probe_seconds.labels(source).observe(call.seconds)
@@ -122,6 +134,12 @@ class Metrics:
             counts[r.verdict.state] = counts.get(r.verdict.state, 0) + 1
         for state, n in counts.items():
             self.notebooks.labels(state).set(n)
+        not_taken = {kind: 0 for kind in KINDS}
+        for key in not_taken_keys(result):
+            kind = key[1].partition("/")[0] if "/" in key[1] else NOTEBOOKS.kind
+            not_taken[kind] = not_taken.get(kind, 0) + 1
+        for kind, n in not_taken.items():
+            self.not_taken.labels(kind).set(n)
 
     def observe_long_stopped(self, found: list[LongStopped]) -> None:
         gpu = sum(1 for s in found if s.gpus > 0)
@@ -138,16 +156,19 @@ class Metrics:
     def account_reclaimed(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime,
                           gpu_resources: Callable[[dict[str, Any]], tuple[str, ...]],
                           stopped_by_culler: Callable[[dict[str, Any]], bool] | None = None,
-                          orphaned: frozenset[tuple[str, str]] = frozenset()) -> None:
+                          orphaned: frozenset[tuple[str, str]] = frozenset(),
+                          not_taken: frozenset[tuple[str, str]] = frozenset()) -> None:
         """Add GPUs x elapsed time for every notebook this culler stopped and nobody restarted yet (its GPUs
         counted with `gpu_resources(notebook)`, its policy's): stopped, and
         by the culler's own record when one is given (`stopped_by_culler`; else its stopped-by mark), and not
-        one whose pod was taken from its StatefulSet (`orphaned`): that GPU is still held."""
+        one whose pod was taken from its StatefulSet (`orphaned`) or whose stop did not take (`not_taken`, rule 1):
+        that GPU is still held."""
         seen = set()
         for nb, _pod in items:
             meta = nb.get("metadata") or {}
             ann = meta.get("annotations") or {}
-            if STOP_ANNOTATION not in ann or (str(meta.get("namespace")), str(meta.get("name"))) in orphaned \
+            held = (str(meta.get("namespace")), str(meta.get("name")))
+            if STOP_ANNOTATION not in ann or held in orphaned or held in not_taken \
                     or target_of(nb) is not NOTEBOOKS:  # other targets' stops are not this annotation (docs/targets.md)
                 continue
             ours = stopped_by_culler(nb) if stopped_by_culler is not None else (

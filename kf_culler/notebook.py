@@ -16,7 +16,7 @@ from kf_culler.config import GPU_MODEL_LABEL, Policy
 from kf_culler.ide import CODER_SERVER_TYPE, DEFAULT_SERVER_TYPE, NOTEBOOK_SERVER_TYPES
 from kf_culler.model import SERVER_TYPE_ANNOTATION, InputError
 from kf_culler.record import CullerRecord
-from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, is_stopped, target_of
+from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, is_stopped, target_of, workspace_tampered
 from kf_culler.timeutil import parse_time
 
 MAX_GPUS = 1 << 20  # a sum of huge requests stays a finite count
@@ -285,6 +285,13 @@ class NotebookView:
     unknown_server_type: str | None = None  # the annotation's value when it is not a known type (rule 16)
     kind: str = NOTEBOOKS.kind  # the session's kind (kf_culler/targets.py): Notebook, Workspace
     stopped: bool = False  # stopped by its target's meaning (rule 1): the stop annotation, spec.paused
+    # Its stop is written (the stop annotation, spec.paused, replicas 0), whether or not it took: `stopped` but
+    # for a Workspace its controller cannot act on (`tampered`) while a pod of it holds a GPU.
+    stop_written: bool = False
+    tampered: str | None = None  # why the session's controller cannot act on it (kf_culler/targets.py)
+    # How long after the culler's own stop the session's pod must be gone (`stopDeadlineMinutes`, rule 1,
+    # kf_culler/rules/untaken.py); None: not checked. Set by whoever runs the rules (the cycle, `decide`).
+    stop_deadline_seconds: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -307,12 +314,15 @@ class NotebookView:
         meta = metadata_of(notebook)
         ns, name = meta.get("namespace"), meta.get("name")
         declared = declared_server_type(notebook)
+        written, tampered = is_stopped(notebook), workspace_tampered(notebook)
+        gpus = gpu_count(notebook, pod, policy.gpu_resources)
+        holding = pod_start(pod) is not None and gpus > 0  # a running pod holds its GPUs
         return cls(
             namespace=ns if isinstance(ns, str) else None,
             name=name if isinstance(name, str) else None,
             annotations=ann,
             server_type=server_type(notebook, policy, pod),
-            gpus=gpu_count(notebook, pod, policy.gpu_resources),
+            gpus=gpus,
             pod=pod,
             pod_start=pod_start(pod),
             pod_deleting=pod_deleting(pod),
@@ -324,7 +334,9 @@ class NotebookView:
             unknown_server_type=declared if declared is not None and declared not in NOTEBOOK_SERVER_TYPES
             and target_of(notebook) is not CODER else None,
             kind=target_of(notebook).kind,
-            stopped=is_stopped(notebook),
+            stopped=written and not (tampered is not None and holding),
+            stop_written=written,
+            tampered=tampered,
         )
 
     @property

@@ -24,6 +24,7 @@ from kf_culler.model import (
 )
 from kf_culler.notebook import NotebookView, annotations_of
 from kf_culler.record import RecordChange, next_record, warned_this_period
+from kf_culler.rules.untaken import Reclaim, next_step
 from kf_culler.timeutil import format_time, parse_time
 
 EVENT_STOP = "IdleNotebookStopped"
@@ -31,6 +32,7 @@ EVENT_WARN = "IdleNotebookWarning"
 EVENT_RESTART = "NotebookRestarted"
 EVENT_CONTESTED = "GpuSeriesContested"  # two GPU series claim one pod's GPU with different values
 EVENT_ORPHAN = "GpuPodOrphaned"  # a GPU pod that a stop of its notebook would not remove (kf_culler/runner.py)
+EVENT_NOT_TAKEN = "StopNotTaken"  # the culler's stop did not free the session's GPU pod in time (rule 1)
 
 
 @dataclass(frozen=True)
@@ -46,23 +48,38 @@ class Plan:
     event: EventSpec | None = None
     # What the culler's own record must keep (rule 15): stored before the patch for a stop or a restart.
     record: RecordChange | None = None
+    # A stop that did not take: the safe next step for its target (kf_culler/rules/untaken.py), or None.
+    reclaim: Reclaim | None = None
 
     @property
     def empty(self) -> bool:
         """Nothing to write on the Notebook (a record change alone is not a Notebook write)."""
-        return not self.annotations and self.event is None
+        return not self.annotations and self.event is None and self.reclaim is None
 
 
 def plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
          trace_id: str | None = None) -> Plan:
     """The writes for a verdict on a notebook (its NotebookView, or the Notebook object itself: then no
     record change, the object carries none)."""
+    if verdict.rule == "1-stop-not-taken" and isinstance(notebook, NotebookView):
+        return _not_taken_plan(notebook, verdict, now)
     out = _notebook_plan(notebook, verdict, now, step_minutes, trace_id)
     if not isinstance(notebook, NotebookView):
         return out
     warned = out.event is not None and out.event.reason == EVENT_WARN
     return replace(out, record=next_record(notebook.record, verdict.action, verdict.rule, notebook.pod_start,
                                            now, warned))
+
+
+def _not_taken_plan(view: NotebookView, verdict: Verdict, now: datetime) -> Plan:
+    """A stop that did not take (rule 1): no mark on the session (its stop stands); a Warning Event once per stop
+    (the culler's record remembers it), and the target's safe next step, if any, every pass until the pod is gone
+    (it is idempotent)."""
+    told = view.record is not None and view.record.not_taken_told()
+    event = None if told else EventSpec("Warning", EVENT_NOT_TAKEN, verdict.reason)
+    change = None if told else next_record(view.record, verdict.action, verdict.rule, view.pod_start, now,
+                                           not_taken=True)
+    return Plan({}, event, change, next_step(view))
 
 
 def _notebook_plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,

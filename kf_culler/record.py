@@ -22,7 +22,8 @@ STOPPED_AT = "stoppedAt"
 RESTARTED_AT = "restartedAt"
 RUNNING_SINCE = "runningSince"
 WARNED_AT = "warnedAt"
-KEYS = (STOPPED_AT, RESTARTED_AT, RUNNING_SINCE, WARNED_AT)
+NOT_TAKEN_AT = "stopNotTakenAt"
+KEYS = (STOPPED_AT, RESTARTED_AT, RUNNING_SINCE, WARNED_AT, NOT_TAKEN_AT)
 
 
 @dataclass(frozen=True)
@@ -33,15 +34,21 @@ class CullerRecord:
     restarted_at: datetime | None = None  # the culler saw it started again after that stop
     running_since: datetime | None = None  # the culler first saw it running since its last stop
     warned_at: datetime | None = None  # the culler's last stop warning (one per idle period: kf_culler/plan.py)
+    # The culler told an admin that its last stop did not free the session's pod (kf_culler/rules/untaken.py).
+    not_taken_at: datetime | None = None
 
     @property
     def empty(self) -> bool:
         return (self.stopped_at is None and self.restarted_at is None and self.running_since is None
-                and self.warned_at is None)
+                and self.warned_at is None and self.not_taken_at is None)
 
     def awaiting_restart(self) -> bool:
         """The culler stopped it and has not yet seen it started again (rule 15)."""
         return self.stopped_at is not None and (self.restarted_at is None or self.restarted_at < self.stopped_at)
+
+    def not_taken_told(self) -> bool:
+        """The culler already reported that its last stop did not take (one report per stop)."""
+        return self.stopped_at is not None and self.not_taken_at is not None and self.not_taken_at >= self.stopped_at
 
     def current_running_since(self) -> datetime | None:
         """`running_since` when it is about the run after the last stop; None when it is older."""
@@ -54,7 +61,8 @@ class CullerRecord:
     def to_dict(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for key, value in ((STOPPED_AT, self.stopped_at), (RESTARTED_AT, self.restarted_at),
-                           (RUNNING_SINCE, self.running_since), (WARNED_AT, self.warned_at)):
+                           (RUNNING_SINCE, self.running_since), (WARNED_AT, self.warned_at),
+                           (NOT_TAKEN_AT, self.not_taken_at)):
             if value is not None:
                 out[key] = format_time(value)
         return out
@@ -79,7 +87,8 @@ def parse_record(raw: object, what: str = "cullerRecord") -> CullerRecord | None
         if t is None:
             raise InputError(f"'{what}.{key}' is not an RFC 3339 time with a zone: {str(value)[:60]!r}")
         times[key] = t
-    return CullerRecord(times[STOPPED_AT], times[RESTARTED_AT], times[RUNNING_SINCE], times[WARNED_AT])
+    return CullerRecord(times[STOPPED_AT], times[RESTARTED_AT], times[RUNNING_SINCE], times[WARNED_AT],
+                        times[NOT_TAKEN_AT])
 
 
 @dataclass(frozen=True)
@@ -91,14 +100,16 @@ class RecordChange:
 
 
 def next_record(record: CullerRecord | None, action: str, rule: str, pod_start: datetime | None,
-                now: datetime, warned: bool = False) -> RecordChange | None:
+                now: datetime, warned: bool = False, not_taken: bool = False) -> RecordChange | None:
     """The record after a verdict, or None when nothing changes.
 
     A stop records `stoppedAt`, a new warning `warnedAt` (`warned`: the plan gives one), the restart rule
     `restartedAt` = now: each before the patch it records. A running pod the record does not yet know about
     since the last stop records `runningSince` (its start, never before the stop it follows), with the pass's
-    deferred writes."""
+    deferred writes; a report that the last stop did not take (`not_taken`) `stopNotTakenAt`, likewise."""
     current = record or CullerRecord()
+    if not_taken:
+        return RecordChange(replace(current, not_taken_at=now), before_patch=False)
     if action == "stop":
         return RecordChange(replace(current, stopped_at=now), before_patch=True)
     if rule == "3-restarted":

@@ -64,8 +64,17 @@ def _type(server_type: str) -> str:
     return TYPE_NAMES.get(server_type) or clean(server_type, VALUE)
 
 
+def not_taken(result: CycleResult) -> list[str]:
+    """One warning per session whose stop did not take (rule 1): its GPU is still held."""
+    return [f"the stop of {r.namespace}/{r.name} did not take: its pod still holds {r.gpus} GPU(s) "
+            f"(docs/targets.md, \"A stop that does not take\")" for r in result.results
+            if r.verdict.rule == "1-stop-not-taken"]
+
+
 def render(result: CycleResult, fmt: str, warnings: Sequence[str] = ()) -> str:
-    """`warnings` (e.g. no GPU metrics source): `# warning: ...` lines above the table, `warnings` in JSON/YAML."""
+    """`warnings` (e.g. no GPU metrics source, a stop that did not take): `# warning: ...` lines above the table,
+    `warnings` in JSON/YAML."""
+    warnings = [*warnings, *not_taken(result)]
     if fmt in ("json", "yaml"):
         doc: dict[str, Any] = {"now": result.now.isoformat(), **({"warnings": list(warnings)} if warnings else {}),
                                "notebooks": rows(result)}
@@ -108,8 +117,10 @@ def explain(r: NotebookResult, notifications: str | None = None) -> str:
         out.append(f"Notifications: {clean(notifications, REASON)}")
     if r.plan is not None and not r.plan.empty:
         out.append("")
+        step = r.plan.reclaim
         out.append(f"Would write: annotations {json.dumps(r.plan.annotations)}"
-                   + (f"; Event {r.plan.event.reason}" if r.plan.event else ""))
+                   + (f"; Event {r.plan.event.reason}" if r.plan.event else "")
+                   + (f"; scale the {step.kind} {clean(step.name, NAME)} to 0" if step is not None else ""))
     return "\n".join(out)
 
 

@@ -45,6 +45,7 @@ def verdict_for_document(doc: object, source: str = "input") -> Verdict:
         view = NotebookView.of(notebook, doc.get("pod"), settings.policy, node=node)
         policy, rule = select(view, labels, settings)
         verdict = decide(notebook, doc.get("pod"), observations, policy, now, node=node, record=record,
+                         stop_deadline_seconds=settings.operations.stop_deadline_seconds,
                          access_problem=problem)
         return dataclasses.replace(verdict, policy_rule=rule)
     except InputError as err:

@@ -14,7 +14,7 @@ from kf_culler.config import Settings
 from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.kube.lease import LeaderElector, ShardManager
 from kf_culler.kube.tokens import TokenReviewer
-from kf_culler.metrics import ApiServer, HealthServer, Metrics
+from kf_culler.metrics import ApiServer, HealthServer, Metrics, not_taken_keys
 from kf_culler.replay.recorder import TraceRecorder
 from kf_culler.rule_check import loosening_rule_warnings
 from kf_culler.runner import Runner, gpu_history_warning
@@ -89,7 +89,7 @@ def observers(runner_of: Callable[[], Runner], metrics: Metrics, elector: Leader
                 return found is not None and found.stopped_at is not None
 
             metrics.account_reclaimed(items, result.now, lambda nb: runner.policy_of(nb).gpu_resources, ours,
-                                      orphaned)
+                                      orphaned, not_taken_keys(result))
             metrics.observe_long_stopped(long_stopped_in(runner.settings, (nb for nb, _ in items), result.now,
                                                          runner.policy_of))
         log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)

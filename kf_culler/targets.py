@@ -53,6 +53,10 @@ KINDS = {t.kind: t for t in (NOTEBOOKS, WORKSPACES, *WORKLOADS, CODER)}  # the s
 _BY_KIND = KINDS
 # The replica count a workload had when the culler scaled it to 0 (for its user: what to scale back to).
 REPLICAS_BEFORE_ANNOTATION = "notebook-culler.io/replicas-before"
+# What the culler's cache counted of the objects a Workspace controls, `{"statefulSets": n, "services": m}`: set
+# on its own copy of the Workspace (kf_culler/kube/cache.py), a key no API object has (the cache keeps only
+# apiVersion, kind, metadata, spec and status of a Workspace), so no user can write it.
+CONTROLS_KEY = "kfCullerControls"
 
 
 def target_of(obj: Mapping[str, Any]) -> Target:
@@ -77,6 +81,24 @@ def is_stopped(obj: Mapping[str, Any]) -> bool:
     if target is CODER:  # its latest build stops or deletes it (whoever asked: its user, Coder's autostop, us)
         return _dict(obj.get("spec")).get("transition") in ("stop", "delete")
     return STOP_ANNOTATION in _dict(_dict(obj.get("metadata")).get("annotations"))
+
+
+def workspace_tampered(obj: Mapping[str, Any]) -> str | None:
+    """Why a Workspace's controller cannot act on it, or None: the v2.0.0-beta.0 controller fails every reconcile
+    of a Workspace that controls more than one StatefulSet or Service (a user may create one with a controller
+    ownerReference to their own Workspace) before it applies `spec.paused`, so such a Workspace is never taken as
+    stopped while a pod of it runs (docs/targets.md, "A stop that does not take")."""
+    if target_of(obj) is not WORKSPACES:
+        return None
+    counts = _dict(obj.get(CONTROLS_KEY))
+    found = []
+    for key, what in (("statefulSets", "StatefulSets"), ("services", "Services")):
+        n = counts.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+            found.append(f"{n} {what}")
+    if not found:
+        return None
+    return f"the workspace controls {' and '.join(found)}, so its controller fails before it applies spec.paused"
 
 
 def session_key(obj: Mapping[str, Any]) -> Key:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,6 +65,13 @@ NOT_READY_11 = [{"type": "Ready", "status": "False", "lastTransitionTime": "2026
 CRASH_LOOP = [{"name": "nb-idle", "restartCount": 7, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
                "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-11-29T11:00:00Z"}}}]
 T10 = 1795946400000  # 2026-11-29T10:00:00Z in ms
+STOPPED = f"{ANN}__kubeflow-resource-stopped"
+TAMPERED = "notebook__kfCullerControls"  # what the culler's cache counted of what a Workspace controls
+# A Kubeflow Notebooks 2.0 Workspace, paused (its GPU from its pod, BASE's); its pod is `ws-0` of its StatefulSet.
+WORKSPACE: dict[str, Any] = {
+    "notebook__kind": "Workspace", "notebook__apiVersion": "kubeflow.org/v1beta1", "notebook__spec": {"paused": True},
+    "pod__metadata__ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "ws-abcde",
+                                        "uid": "5e7f0000-0000-4000-8000-000000000001", "controller": True}]}
 
 CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
     ("busy kernel, GPU metrics missing", {JUP: busy_jupyter(), "observations__gpu": {"error": "down"}},
@@ -237,6 +245,49 @@ CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
      {"pod__spec__containers": [{"name": "c", "resources": {}}], "pod__status__conditions": NOT_READY_11,
       "notebook__spec__template__spec__containers": [{"name": "c", "resources": {}}], "observations__gpu": DELETE,
       "config__brokenMinutes": 30}, "stop", "idle", "10-idle"),
+    # Rule 1, a stop is done when the GPU pod is gone (the culler's own record says when it stopped it)
+    ("the culler's stop stands and its GPU pod still runs past the deadline: not taken",
+     {STOPPED: "2026-11-29T11:50:00Z", "cullerRecord": {"stoppedAt": "2026-11-29T11:50:00Z"}},
+     "keep", "stopped", "1-stop-not-taken"),
+    ("the culler's stop inside the deadline (3 periods, at least 2 minutes): stopped",
+     {STOPPED: "2026-11-29T11:58:30Z", "cullerRecord": {"stoppedAt": "2026-11-29T11:58:30Z"}},
+     "keep", "stopped", "1-stopped"),
+    ("the culler's stop inside a longer stopDeadlineMinutes: stopped",
+     {STOPPED: "2026-11-29T11:50:00Z", "cullerRecord": {"stoppedAt": "2026-11-29T11:50:00Z"},
+      "config__stopDeadlineMinutes": 20}, "keep", "stopped", "1-stopped"),
+    ("the culler's stop, its pod being deleted: the stop took",
+     {STOPPED: "2026-11-29T11:50:00Z", "cullerRecord": {"stoppedAt": "2026-11-29T11:50:00Z"},
+      "pod__metadata__deletionTimestamp": "2026-11-29T11:50:05Z"}, "keep", "stopped", "1-stopped"),
+    ("the culler's stop, its pod Pending (holds no GPU yet): the stop took",
+     {STOPPED: "2026-11-29T11:50:00Z", "cullerRecord": {"stoppedAt": "2026-11-29T11:50:00Z"},
+      "pod__status": {"phase": "Pending"}}, "keep", "stopped", "1-stopped"),
+    ("a stop mark with no record of the culler's (another's stop, a user's mark): stopped, never reported",
+     {STOPPED: "2026-11-29T11:50:00Z", f"{ANN}__notebook-culler.io/stopped-by": "kf-culler"},
+     "keep", "stopped", "1-stopped"),
+    ("the culler's stop of a CPU notebook whose pod runs on: no GPU held, not reported",
+     {STOPPED: "2026-11-29T11:50:00Z", "cullerRecord": {"stoppedAt": "2026-11-29T11:50:00Z"},
+      "pod__spec__containers": [{"name": "c", "resources": {}}], "observations__gpu": DELETE,
+      "notebook__spec__template__spec__containers": [{"name": "c", "resources": {}}]},
+     "keep", "stopped", "1-stopped"),
+    ("the culler's paused Workspace whose GPU pod runs past the deadline: not taken",
+     {**WORKSPACE, "cullerRecord": {"stoppedAt": "2026-11-29T11:50:00Z"}}, "keep", "stopped", "1-stop-not-taken"),
+    ("a Workspace controlling two StatefulSets, paused, its GPU pod running: never stopped, culled",
+     {**WORKSPACE, TAMPERED: {"statefulSets": 2, "services": 1}}, "stop", "idle", "10-idle"),
+    ("a Workspace controlling two Services, paused, its GPU pod running: never stopped, culled",
+     {**WORKSPACE, TAMPERED: {"statefulSets": 1, "services": 2}}, "stop", "idle", "10-idle"),
+    ("a tampered Workspace the culler paused, its GPU pod running: not taken, never restarted",
+     {**WORKSPACE, TAMPERED: {"statefulSets": 2, "services": 1}, "cullerRecord": {"stoppedAt": "2026-11-29T11:50:00Z"}},
+     "keep", "stopped", "1-stop-not-taken"),
+    ("a tampered Workspace the culler paused, inside the deadline: its stop is awaited, no restart claimed",
+     {**WORKSPACE, TAMPERED: {"statefulSets": 2, "services": 1}, "cullerRecord": {"stoppedAt": "2026-11-29T11:59:00Z"}},
+     "keep", "stopped", "1-stopped"),
+    ("a tampered Workspace its user resumed after the culler's pause: restarted",
+     {**WORKSPACE, TAMPERED: {"statefulSets": 2, "services": 1}, "notebook__spec": {"paused": False},
+      "cullerRecord": {"stoppedAt": "2026-11-29T11:50:00Z"}}, "keep", "starting", "3-restarted"),
+    ("a tampered paused Workspace whose pod is gone: stopped",
+     {**WORKSPACE, TAMPERED: {"statefulSets": 2, "services": 1}, "pod": None}, "keep", "stopped", "1-stopped"),
+    ("a count of one StatefulSet and one Service is no tampering",
+     {**WORKSPACE, TAMPERED: {"statefulSets": 1, "services": 1}}, "keep", "stopped", "1-stopped"),
 ]
 
 
@@ -283,6 +334,8 @@ def test_the_rule_that_decides_is_the_table_entry_with_that_id(title: str, chang
     policy = policy_of(doc["notebook"], doc["pod"], load_mapping(doc["config"], "test"))[0]
     view = NotebookView.of(doc["notebook"], doc["pod"], policy, record=parse_record(doc.get("cullerRecord")),
                            access_problem=doc.get("accessProblem"))
+    view = dataclasses.replace(view, stop_deadline_seconds=load_mapping(doc["config"], "test").operations
+                               .stop_deadline_seconds)
     ev = read_evidence(view, doc["observations"], policy, now)
     entry, verdict = next((r, v) for r in RULES if (v := r.check(ev, policy, now)) is not None)
     assert verdict.rule == entry.id == rule

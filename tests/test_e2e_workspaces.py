@@ -14,6 +14,8 @@ template (kwok's pods run no containers: the router stands where the Workspace's
   paused as paused and Paused.
 - An idle GPU Workspace is paused on GPU evidence from a real Prometheus scraping a dcgm-exporter-shaped
   endpoint, the series paired with the Workspace's pod found by ownership.
+- A GPU Workspace its tenant made the controller fail on (a second StatefulSet it "controls"): the pause does
+  not take, the culler reports it (Event, metric) and frees the GPU through the Workspace's own StatefulSet.
 """
 
 from __future__ import annotations
@@ -280,7 +282,8 @@ def test_a_resumed_workspace_is_seen_restarted_and_one_paused_by_another_is_left
 def test_components_workspaces_rbac_pauses_a_workspace_and_nothing_more(env: Env, workspace_controller: Any,
                                                                         tmp_path: Path) -> None:
     """The culler as its ServiceAccount with the base's RBAC and components/workspaces: a Workspace is paused
-    and told why; its status, its StatefulSet and the Workspace itself are out of reach."""
+    and told why; its status, its StatefulSet (but for its replica count) and the Workspace itself are out of
+    reach."""
     objs = component_rbac("workspaces", env.namespace, tmp_path)
     try:
         for o in objs:
@@ -320,6 +323,10 @@ def test_components_workspaces_rbac_pauses_a_workspace_and_nothing_more(env: Env
         assert status(lambda: apps.patch_namespaced_stateful_set(sts[0].metadata.name, env.namespace,
                                                                  {"spec": {"replicas": 0}},
                                                                  _content_type=merge)) == 403
+        # Only its replica count, through `scale` (the next step of a stop that did not take, docs/targets.md).
+        assert status(lambda: apps.patch_namespaced_stateful_set_scale(sts[0].metadata.name, env.namespace,
+                                                                       {"spec": {"replicas": 0}},
+                                                                       _content_type=merge)) == 200
         assert status(lambda: custom.patch_cluster_custom_object(GROUP, VERSION, KINDS, env.kind,
                                                                  {"metadata": {"labels": {"x": "y"}}})) == 403
     finally:
@@ -464,3 +471,126 @@ def test_the_controllers_own_culling_and_the_cullers_never_fight(env: Env) -> No
         server.__exit__(None, None, None)
     assert again.verdict.rule != "3-restarted" and again.verdict.action == "keep", again.verdict
     assert not [e for e in env.events("own") if e.reason in (EVENT_STOP, EVENT_RESTART)]
+
+
+# What kubeflow-edit lets a profile contributor do in their own namespace (the parts that matter here): every verb
+# on their Workspaces, StatefulSets, pods and Services.
+TENANT_RULES = [
+    {"apiGroups": ["kubeflow.org"], "resources": ["workspaces"], "verbs": ["*"]},
+    {"apiGroups": [""], "resources": ["pods", "services", "endpoints", "persistentvolumeclaims"], "verbs": ["*"]},
+    {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": ["*"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+]
+
+
+def metric(text: str, name: str, labels: str) -> float | None:
+    """A sample's value from the Prometheus text format, or None when it is not there."""
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_a_workspace_its_controller_cannot_pause_is_reported_and_its_gpu_freed(env: Env,
+                                                                               workspace_controller: Any) -> None:
+    """The tenant (a real identity with kubeflow-edit's rights in the namespace) runs a GPU Workspace and attaches a
+    second StatefulSet (replicas 0) with a controller ownerReference to it: the real controller goes to Error on
+    every reconcile before it copies the replica count, so the culler's `spec.paused: true` is never applied. Its
+    GPU and Jupyter idle (GPU metrics from a real Prometheus scraping a dcgm-exporter-shaped endpoint: the fake
+    GPU, as there is none here), the culler pauses it; `stopDeadlineMinutes` later the pod still runs, and the
+    culler reports the stop as not taken (a StopNotTaken Warning Event, `kf_culler_stops_not_taken`) and takes
+    the next step: the StatefulSet the pod belongs to scaled to 0, after which the pod is gone and the Workspace
+    is stopped (rule 1), told once."""
+    from kf_culler.metrics import Metrics
+    from kf_culler.plan import EVENT_NOT_TAKEN
+    from kf_culler.service import instrument
+
+    gpu_kind = env.add_kind("tamper", gpus=1)
+    rbac = client.RbacAuthorizationV1Api(env.api)
+    rbac.create_namespaced_role(env.namespace, {"metadata": {"name": "tenant-edit"}, "rules": TENANT_RULES})
+    rbac.create_namespaced_role_binding(env.namespace, {
+        "metadata": {"name": "alice-edit"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-edit"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice@example.com"}]})
+    alice = workspace_controller.api_client(workspace_controller.user_kubeconfig("alice@example.com"))
+    node = GpuNode(env.namespace)
+    try:
+        node.start()
+    except GpuNodeUnavailable as why:
+        missing("Prometheus", why)
+    try:
+        client.CustomObjectsApi(alice).create_namespaced_custom_object(
+            GROUP, VERSION, env.namespace, WORKSPACES, workspace_body(env.namespace, "gpu", gpu_kind))
+        procs.wait_until(lambda: env.workspace("gpu").get("status", {}).get("state") == "Running", TIMEOUT, 0.2,
+                         "the GPU workspace to be Running")
+        pod = env.pod_of("gpu")
+        name, sts_name = pod.metadata.name, pod.metadata.owner_references[0].name
+        assert pod.spec.containers[0].resources.requests[GPU_RESOURCE] == "1"
+        ws = env.workspace("gpu")
+        # The attack, as the tenant: a second StatefulSet the Workspace "controls", with no pod.
+        client.AppsV1Api(alice).create_namespaced_stateful_set(env.namespace, {
+            "metadata": {"name": "gpu-extra", "ownerReferences": [{
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "Workspace", "name": "gpu",
+                "uid": ws["metadata"]["uid"], "controller": True}]},
+            "spec": {"replicas": 0, "serviceName": "gpu-extra", "selector": {"matchLabels": {"app": "gpu-extra"}},
+                     "template": {"metadata": {"labels": {"app": "gpu-extra"}},
+                                  "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}})
+        procs.wait_until(lambda: env.workspace("gpu").get("status", {}).get("state") == "Error", TIMEOUT, 0.2,
+                         "the Workspace controller to fail on the workspace")
+        node.assign(name, util=0, used_mib=0)  # the Workspace pod's GPU, idle
+        node.wait_scraped(name)
+        server = env.serve("gpu")
+        metrics = Metrics()
+        try:
+            with env.culler(prometheus={"url": node.url, "stepSeconds": 1}, checkPeriodSeconds=1,
+                            stopDeadlineMinutes=0.1) as runner:
+                instrument(runner, metrics)
+                stopped = until_action(runner, "gpu", "stop")
+                assert stopped.verdict.rule == "10-idle" and stopped.write is not None, stopped.verdict
+                assert stopped.write.outcome == "patched", stopped.write
+                assert env.workspace("gpu")["spec"]["paused"] is True
+                time.sleep(2)
+                # The controller cannot act: the pause is written, the pod runs on with its GPU.
+                assert env.core.read_namespaced_pod(name, env.namespace).status.phase == "Running"
+                deadline = time.monotonic() + 30
+                while True:
+                    r = result_for(runner.once().results, "gpu")
+                    if r.verdict.rule != "1-stopped" or time.monotonic() > deadline:
+                        break
+                    time.sleep(1)
+                assert (r.verdict.action, r.verdict.state, r.verdict.rule) == ("keep", "stopped", "1-stop-not-taken"), \
+                    r.verdict
+                assert "did not take" in r.verdict.reason and sts_name in r.verdict.reason, r.verdict.reason
+                assert "2 StatefulSets" in r.verdict.reason, r.verdict.reason
+                assert r.reclaim == "scaled", r.reclaim
+                told = metrics.render().decode()
+                assert metric(told, "kf_culler_stops_not_taken", 'kind="Workspace"') == 1, told
+                assert metric(told, "kf_culler_stop_next_steps_total", 'outcome="scaled"') == 1, told
+                events = [e for e in env.events("gpu") if e.reason == EVENT_NOT_TAKEN]
+                assert len(events) == 1 and events[0].type == "Warning", events
+                assert sts_name in events[0].message
+                # The next step: the Workspace's own StatefulSet at 0, its pod gone, its GPU free.
+                apps = client.AppsV1Api(env.api)
+                assert apps.read_namespaced_stateful_set(sts_name, env.namespace).spec.replicas == 0
+                assert apps.read_namespaced_stateful_set("gpu-extra", env.namespace).spec.replicas == 0
+
+                def gone() -> bool:
+                    try:
+                        env.core.read_namespaced_pod(name, env.namespace)
+                    except ApiException as err:
+                        return err.status == 404
+                    return False
+
+                procs.wait_until(gone, TIMEOUT, 0.2, "the GPU pod to be gone")
+                time.sleep(1)  # the cache sees it gone
+                after = result_for(runner.once().results, "gpu")
+                assert after.verdict.rule == "1-stopped", after.verdict
+                told = metrics.render().decode()
+                assert metric(told, "kf_culler_stops_not_taken", 'kind="Workspace"') == 0, told
+        finally:
+            server.__exit__(None, None, None)
+    finally:
+        node.stop()
+    assert len([e for e in env.events("gpu") if e.reason == EVENT_NOT_TAKEN]) == 1  # told once
+    record = env.record("gpu")
+    assert record is not None and "stopNotTakenAt" in record, record

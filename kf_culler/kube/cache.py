@@ -22,6 +22,7 @@ from kf_culler.kube.pairing import Orphan, pair, service_problem
 from kf_culler.memory import release
 from kf_culler.targets import (
     CONNECT_PREFIX,
+    CONTROLS_KEY,
     NOTEBOOKS,
     WORKLOADS,
     WORKSPACES,
@@ -577,7 +578,11 @@ class ClusterCache:
             found: dict[Key, dict[str, Any]] = {}
             for c in self.workspaces:
                 found.update(c.snapshot())
-            paired += [(w, workspace_pod(w, by_owner, pods)) for _, w in sorted(found.items())]
+            # What each Workspace controls, counted on the culler's own copy (kf_culler/targets.py
+            # `workspace_tampered`): one with several StatefulSets or Services is one its controller cannot act on.
+            paired += [({**w, CONTROLS_KEY: {"statefulSets": len(by_owner.get(owner_key(w), [])),
+                                             "services": len(self._ws_services.get(owner_key(w), []))}},
+                        workspace_pod(w, by_owner, pods)) for _, w in sorted(found.items())]
         if self.workloads:
             sets: dict[Key, dict[str, Any]] = {}
             for c in self.replicasets:

@@ -18,6 +18,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from kf_culler.kube.backoff import with_backoff
 from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
 from kf_culler.plan import EventSpec, Plan
+from kf_culler.rules.untaken import Reclaim
 from kf_culler.targets import WORKLOADS, WORKSPACES, stop_body, target_of
 from kf_culler.timeutil import format_time
 
@@ -133,6 +134,45 @@ class Writer:
             else:
                 result.event = self.event(current, result.plan.event, now)
         return result
+
+    def reclaim(self, namespace: str, step: Reclaim, may_write: Callable[[], bool] = lambda: True) -> str:
+        """Take a stop's next step (kf_culler/rules/untaken.py): scale the session's own StatefulSet to 0 through
+        its `scale` subresource (nothing but the replica count can change), as a JSON Patch that first tests the
+        uid the pairing read, so a StatefulSet made again under that name is never touched. "scaled", "gone" (no
+        such StatefulSet, or another one of that name), "not-leader", or "failed: <why>"; never raises."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        if step.kind != "StatefulSet":
+            return f"failed: no next step for a {step.kind[:40]}"
+        if not may_write():
+            return "not-leader"
+        ops = [{"op": "test", "path": "/metadata/uid", "value": step.uid},
+               {"op": "replace", "path": "/spec/replicas", "value": 0}]
+        apps = client.AppsV1Api(self.core.api_client)
+
+        def scale() -> None:
+            resp = apps.patch_namespaced_stateful_set_scale(step.name, namespace, ops,
+                                                            _content_type="application/json-patch+json",
+                                                            _request_timeout=REQUEST_TIMEOUT, _preload_content=False)
+            resp.drain_conn()  # read to its end, so that the connection goes back to the pool
+            resp.release_conn()
+
+        try:
+            with_backoff(scale, give_up=lambda: not may_write())
+        except ApiException as err:
+            if err.status in (404, 409, 422):  # gone, or the test of the uid failed: another object now
+                return "gone"
+            log.warning("scaling statefulset %s/%s to 0 refused: HTTP %s %s", namespace, step.name, err.status,
+                        err.reason)
+            return f"failed: HTTP {err.status}"
+        except Exception as err:
+            log.warning("scaling statefulset %s/%s to 0 failed: %s", namespace, step.name, err)
+            return f"failed: {type(err).__name__}"
+        with self._count:
+            self.patches += 1
+        log.info("scaled statefulset %s/%s to 0: its session's stop did not take", namespace, step.name)
+        return "scaled"
 
     def send_event(self, result: WriteResult) -> None:
         """Send the Event `apply` left in `result.pending`, and say in `result.event` how it went. One that

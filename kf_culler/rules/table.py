@@ -24,6 +24,7 @@ from kf_culler.model import (
 from kf_culler.notebook import NotebookView, pod_trouble
 from kf_culler.record import CullerRecord
 from kf_culler.rules.evidence import Clock, Evidence, read_evidence
+from kf_culler.rules.untaken import not_taken
 from kf_culler.timeutil import add_minutes, format_time, parse_time
 from kf_culler.timeutil import clock_text as hhmm
 from kf_culler.timeutil import duration_text as minutes
@@ -57,9 +58,19 @@ def _clock(ev: Evidence) -> Clock:
 
 # -- 1 to 3: before any evidence ---------------------------------------------------------------------------
 
+def stop_not_taken(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
+    """Rule 1, a stop is done when the pod is gone: the culler's own stop still stands past the view's
+    `stop_deadline_seconds` and a pod of the session still holds a GPU (kf_culler/rules/untaken.py). Before
+    rules 1 and 3: such a session is neither stopped nor restarted."""
+    return not_taken(ev.view, ev.view.stop_deadline_seconds, now)
+
+
 def stopped(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
-    """Rule 1, stopped stays stopped."""
-    if not ev.view.stopped:
+    """Rule 1, stopped stays stopped; so does a stop of the culler's own whose pod it still awaits (the pod of a
+    Workspace its controller cannot act on, which is not "stopped": rule `1-stop-not-taken` once overdue)."""
+    record = ev.view.record
+    awaited = ev.view.stop_written and record is not None and record.awaiting_restart()
+    if not ev.view.stopped and not awaited:
         return None
     return _plain(ev, "keep", "stopped", "The notebook is stopped; the culler leaves it as it is.", "1-stopped")
 
@@ -379,6 +390,7 @@ def idle(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
 
 
 RULES: tuple[Rule, ...] = (
+    Rule("1-stop-not-taken", stop_not_taken),
     Rule("1-stopped", stopped),
     Rule("2-exempt", exempt),
     Rule("3-restarted", restarted),
@@ -408,10 +420,12 @@ def decide(
     node: dict[str, Any] | None = None,
     record: CullerRecord | None = None,
     access_problem: str | None = None,
+    stop_deadline_seconds: float | None = None,
 ) -> Verdict:
     """The verdict for one notebook. Raises InputError only for inputs that are not a notebook at all.
     `node`: the pod's Node (its GPU model, rule 17); `record`: the culler's own record of this uid (rule 15);
-    `access_problem`: the culler's confirmed lack of access to it (rule 16)."""
+    `access_problem`: the culler's confirmed lack of access to it (rule 16); `stop_deadline_seconds`: how long
+    after the culler's stop its pod must be gone (kf_culler/rules/untaken.py; None: not checked)."""
     if not isinstance(notebook, dict):
         raise InputError("notebook is not an object")
     if pod is not None and not isinstance(pod, dict):
@@ -419,6 +433,8 @@ def decide(
     if not isinstance(observations, dict):
         raise InputError("observations is not an object")
     view = NotebookView.of(notebook, pod, policy, node=node, record=record, access_problem=access_problem)
+    if stop_deadline_seconds is not None:
+        view = replace(view, stop_deadline_seconds=stop_deadline_seconds)
     return decide_view(view, observations, policy, now)
 
 
