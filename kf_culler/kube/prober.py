@@ -60,7 +60,8 @@ def serves(account: Any, prefix: str, namespace: str) -> str | None:
     meta = account.metadata
     name = meta.name
     if name != prober_name(prefix, namespace):
-        return f"ServiceAccount {name} is not the prober of {namespace!r} ({prober_name(prefix, namespace)})"
+        return (f"ServiceAccount {meta.namespace}/{name} is not the prober of {namespace!r} "
+                f"({prober_name(prefix, namespace)}); not bound")
     label = (meta.labels or {}).get(COMPONENT_LABEL)
     if label != PROBER_COMPONENT:
         return (f"ServiceAccount {meta.namespace}/{name} was not made by the culler (label {COMPONENT_LABEL}="
