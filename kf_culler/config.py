@@ -107,10 +107,10 @@ class AuthProxySettings(_Model):
 
     enabled: bool = False
     # Where the tokens come from, exactly one: per probed namespace N, a TokenRequest for the ServiceAccount
-    # `<serviceAccount>-<10 hex of sha256(N)>` in the culler's own namespace, bound in N (RoleBinding
-    # `<serviceAccount>`) to `clusterRole`, all made by the culler; or a file re-read whenever it changes (one
-    # identity: only when exactly one namespace is probed, see Operations).
-    service_account: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")] | None = (
+    # `<serviceAccount>.<N>` in the culler's own namespace, bound in N (RoleBinding `<serviceAccount>`) to
+    # `clusterRole`, all made by the culler; or a file re-read whenever it changes (one identity: only when exactly
+    # one namespace is probed, see Operations). A DNS label, so that `<serviceAccount>.<N>` names one N only.
+    service_account: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")] | None = (
         Field(default=None, alias="serviceAccount"))
     cluster_role: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.:]{0,251}[a-z0-9])?$")] = Field(
         default="kf-culler-prober", alias="clusterRole")

