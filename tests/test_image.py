@@ -3,10 +3,11 @@ podman as the rendered Deployment runs it.
 
 The image is the one the script builds (podman, a Debian bookworm base made with mmdebstrap; no registry is
 reachable here). Its checks run it the way the Deployment does: a read-only root, no capabilities, no
-privilege escalation, no network where none is needed. The last test starts it with a rendered overlay's
+privilege escalation, no network where none is needed. The next to last test starts it with a rendered overlay's
 ConfigMap mounted where the Deployment mounts it, the Deployment's command, arguments and environment, and
 the credentials a pod of the rendered ServiceAccount gets (a token from the TokenRequest API at the in-cluster
-path, KUBERNETES_SERVICE_HOST/PORT), against the real API server of the `kube` fixture.
+path, KUBERNETES_SERVICE_HOST/PORT), against the real API server of the `kube` fixture; the one after it runs
+`kf-culler check` in the image the same way and asserts its verdicts on a busy and an idle real Jupyter.
 """
 
 from __future__ import annotations
