@@ -3,10 +3,11 @@ podman as the rendered Deployment runs it.
 
 The image is the one the script builds (podman, a Debian bookworm base made with mmdebstrap; no registry is
 reachable here). Its checks run it the way the Deployment does: a read-only root, no capabilities, no
-privilege escalation, no network where none is needed. The last test starts it with a rendered overlay's
+privilege escalation, no network where none is needed. The next to last test starts it with a rendered overlay's
 ConfigMap mounted where the Deployment mounts it, the Deployment's command, arguments and environment, and
 the credentials a pod of the rendered ServiceAccount gets (a token from the TokenRequest API at the in-cluster
-path, KUBERNETES_SERVICE_HOST/PORT), against the real API server of the `kube` fixture.
+path, KUBERNETES_SERVICE_HOST/PORT), against the real API server of the `kube` fixture; the one after it runs
+`kf-culler check` in the image the same way and asserts its verdicts on a busy and an idle real Jupyter.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from need import missing
 from support.kustomize import render
 from support.target import KubeTarget
@@ -327,3 +329,119 @@ def test_the_rendered_overlay_starts_the_culler_from_the_image(image: Image, kub
         assert code == "0", image.podman("logs", name).stderr[-4000:]
     finally:
         image.podman("rm", "--force", name)
+
+
+# --- the shipped configuration judges real notebooks from the image ----------------------------------------
+
+
+def _notebook_behind_its_service(api: Any, namespace: str, name: str) -> None:
+    """A Notebook as Kubeflow leaves it: its pod running for an hour (past startupGraceMinutes) through the
+    ownership chain, and the Service `<name>` the notebook-controller makes (controlled by the Notebook,
+    ClusterIP, selecting its pod), which the culler checks before its default probe URL goes through it."""
+    from datetime import UTC, datetime, timedelta
+
+    from kubernetes import client
+
+    from kf_culler.local import objects as obj
+
+    obj.create_notebook(api, namespace, obj.notebook(name))
+    obj.running_pod(api, namespace, name, datetime.now(UTC) - timedelta(hours=1))
+    nb = obj.get_notebook(api, namespace, name)
+    client.CoreV1Api(api).create_namespaced_service(namespace, {
+        "metadata": {"name": name, "ownerReferences": [{
+            "apiVersion": "kubeflow.org/v1", "kind": "Notebook", "name": name, "uid": nb["metadata"]["uid"],
+            "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"selector": {"statefulset": name}, "ports": [{"name": "http-notebook", "port": 80,
+                                                                "targetPort": 8888}]}})
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("overlay", ["kubeflow", "dry-run"])
+def test_check_in_the_image_judges_an_idle_and_a_busy_jupyter(image: Image, kube: KubeTarget, culler_namespace: str,
+                                                               namespace: str, overlay: str, tmp_path: Path) -> None:
+    """`kf-culler check -o json` inside the image, as the rendered Deployment runs it (its user, read-only root,
+    no capabilities, the rendered ConfigMap at its mount path, `--config` as its arguments give it, POD_NAMESPACE),
+    with a TokenRequest token of the rendered ServiceAccount at the in-cluster path, so that the rendered RBAC is
+    all it has. Two real Jupyter servers: one whose kernel runs code (busy), one whose kernel has done nothing
+    since it started (idle).
+
+    The shipped configuration is used as rendered: no key and no flag of the culler is added. Its idleMinutes
+    is 60 and jupyter_server's last_activity cannot be backdated, so the idle notebook is judged idle (state
+    `idle`, rule 10, its stop due idleMinutes after the kernel's last activity) and kept until then; the test
+    does not wait an hour to see the stop.
+
+    What stands in for the cluster: the Service's DNS name. The default probe URL is
+    http://<name>.<namespace>.svc.cluster.local/notebook/<namespace>/<name>/ (port 80); each Jupyter listens on
+    port 80 of a loopback address of its own, and the container's /etc/hosts (podman --add-host) maps the
+    Service's name to it, as the cluster's DNS and the Service would. The container shares the machine's network
+    to reach the API server on loopback."""
+    from kubernetes import client, utils
+
+    from kf_culler.local.jupyter import JupyterServer
+
+    objs = render(ROOT / "kustomize" / "overlays" / overlay)
+    deployment = _one(objs, "Deployment", "kf-culler")
+    config_maps = {o["metadata"]["name"]: o.get("data", {}) for o in objs if o["kind"] == "ConfigMap"}
+    api = kube.api_client()
+    for o in _in_namespace(objs, culler_namespace):
+        utils.create_from_dict(api, o)
+    flags, command, run_args = _podman_flags(deployment, config_maps, tmp_path, culler_namespace, "kf-culler-check")
+    config = run_args[run_args.index("--config"):run_args.index("--config") + 2]
+
+    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    token = client.CoreV1Api(api).create_namespaced_service_account_token(
+        sa, culler_namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+    server, ca = kube._server_and_ca()
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    assert host in ("127.0.0.1", "localhost"), server
+    secrets = tmp_path / "serviceaccount"
+    secrets.mkdir()
+    (secrets / "token").write_text(token)
+    (secrets / "ca.crt").write_bytes(ca.read_bytes())
+    (secrets / "namespace").write_text(culler_namespace)
+    for f in secrets.iterdir():
+        f.chmod(0o644)
+    secrets.chmod(0o755)
+    flags += [f"--volume={secrets}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+              f"--env=KUBERNETES_SERVICE_HOST={host}", f"--env=KUBERNETES_SERVICE_PORT={port}"]
+
+    # The configuration the container reads: the ConfigMap of the volume mounted where `--config` points.
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if config[1].startswith(m["mountPath"].rstrip("/") + "/")]
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    rendered_config = yaml.safe_load(config_maps[volume["configMap"]["name"]][Path(config[1]).name])
+    domain = rendered_config.get("clusterDomain", "cluster.local")
+    servers: dict[str, JupyterServer] = {}
+    try:
+        for name in ("nb-busy", "nb-idle"):
+            address = f"127.{uuid.uuid4().int % 250 + 2}.{uuid.uuid4().int % 250 + 1}.{uuid.uuid4().int % 250 + 1}"
+            servers[name] = JupyterServer(namespace, name, ip=address, port=80, remote=True)
+            servers[name].start()
+            flags.append(f"--add-host={name}.{namespace}.svc.{domain}:{address}")
+            _notebook_behind_its_service(api, namespace, name)
+        busy = servers["nb-busy"].start_kernel()
+        servers["nb-busy"].execute(busy, "import time; time.sleep(600)")
+        servers["nb-idle"].start_kernel()
+        idle_kernel = servers["nb-idle"].get("api/kernels")[0]
+
+        done = image.podman("run", "--rm", "--network=host", *flags, f"--entrypoint={command[0]}", image.ref,
+                            *command[1:], "check", *config, "-o", "json", timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+    finally:
+        for s in servers.values():
+            s.stop()
+    report = json.loads(done.stdout)
+    rows = {r["name"]: r for r in report["notebooks"] if r["namespace"] == namespace}
+    assert set(rows) == {"nb-busy", "nb-idle"}, report
+    busy_row = rows["nb-busy"]
+    assert (busy_row["state"], busy_row["action"], busy_row["rule"]) == ("active", "keep", "5-positive-evidence"), \
+        busy_row
+    idle = rows["nb-idle"]
+    assert (idle["state"], idle["action"], idle["rule"]) == ("idle", "keep", "10-idle"), idle
+    # The idle clock runs from the kernel's own last activity, and the stop falls idleMinutes after it.
+    from kf_culler.timeutil import parse_time
+
+    since, stop_at = parse_time(idle["idleSince"]), parse_time(idle["stopAt"])
+    assert since is not None and stop_at is not None, idle
+    assert abs((since - parse_time(idle_kernel["last_activity"])).total_seconds()) < 2, (idle, idle_kernel)
+    assert (stop_at - since).total_seconds() == rendered_config["idleMinutes"] * 60, idle

@@ -85,7 +85,7 @@ def test_the_component_grants_the_rights_and_turns_the_option_on(tmp_path: Path)
     assert len(objs) == len(render(KUSTOMIZE / "overlays" / "kubeflow")) + 2
     (role,) = [o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "kf-culler-istio-policies"]
     assert role["rules"] == [{"apiGroups": ["security.istio.io"], "resources": ["authorizationpolicies"],
-                              "verbs": ["get", "list", "create", "update", "delete"]}]
+                              "verbs": ["list", "create", "update", "delete"]}]
     (binding,) = [o for o in objs if o["kind"] == "ClusterRoleBinding"
                   and o["metadata"]["name"] == "kf-culler-istio-policies"]
     assert binding["roleRef"]["name"] == "kf-culler-istio-policies"

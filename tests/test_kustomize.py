@@ -302,10 +302,10 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 # (apiGroup, resource) -> verbs: everything the culler may do cluster-wide, and nothing more.
 CLUSTER_GRANTS = {
     ("kubeflow.org", "notebooks"): {"get", "list", "watch", "patch"},
-    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods"): {"list", "watch"},
     ("apps", "statefulsets"): {"get", "list", "watch"},  # pods paired with Notebooks by ownership
-    ("", "services"): {"get", "list", "watch"},  # a probe goes only through the Service the controller made
-    ("", "nodes"): {"get", "list", "watch"},  # the GPU model of a pod's node (gpuModels)
+    ("", "services"): {"list", "watch"},  # a probe goes only through the Service the controller made
+    ("", "nodes"): {"list", "watch"},  # the GPU model of a pod's node (gpuModels)
     ("", "events"): {"create"},  # each Event a new object: never patched, never through events.k8s.io
     ("kubeflow.org", "profiles"): {"get"},  # the notice's recipient (notifications.email), by name
     ("", "namespaces"): {"get"},  # notify-email on the namespace; its labels for policy rules
@@ -344,8 +344,9 @@ def test_cluster_role_is_exactly_what_the_culler_needs(overlay: str) -> None:
 def test_dry_run_cluster_role_cannot_write() -> None:
     g = grants(one(render("overlays/dry-run"), "ClusterRole", NAME))
     read = {"get", "list", "watch"}
-    assert g == {("kubeflow.org", "notebooks"): read, ("", "pods"): read,
-                 ("apps", "statefulsets"): read, ("", "nodes"): read, ("", "services"): read,
+    cached = {"list", "watch"}  # read from the watch cache only, never by name
+    assert g == {("kubeflow.org", "notebooks"): read, ("", "pods"): cached,
+                 ("apps", "statefulsets"): read, ("", "nodes"): cached, ("", "services"): cached,
                  ("", "namespaces"): {"get"},  # namespace labels for policy rules
                  ("authentication.k8s.io", "tokenreviews"): {"create"}}  # answered, never stored
 
@@ -961,12 +962,12 @@ def test_coder_component_mounts_the_token_secret_read_only_and_never_in_a_config
 
 
 def test_coder_component_grants_only_deployments_list_in_the_coder_namespace(tmp_path: Path) -> None:
-    """The base's ClusterRole already grants pods get/list/watch and events create everywhere (the cache's
+    """The base's ClusterRole already grants pods list/watch and events create everywhere (the cache's
     watch and the reason's Event): the component adds `list` on Deployments (the Event's object), in `coder`
     only, and nothing cluster-wide."""
     objs = render_with_coder(tmp_path)
     base_rules = grants(one(objs, "ClusterRole", NAME))
-    assert base_rules[("", "pods")] == {"get", "list", "watch"}
+    assert base_rules[("", "pods")] == {"list", "watch"}
     assert "create" in base_rules[("", "events")]
     role = one(objs, "Role", "kf-culler-coder")
     assert role["metadata"]["namespace"] == CODER_NAMESPACE
