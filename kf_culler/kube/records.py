@@ -126,10 +126,9 @@ def read_buckets(configmaps: Iterable[dict[str, Any]]) -> dict[str, Stored]:
     return out
 
 
-def read_others(configmaps: Iterable[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """bucket -> key -> size (key and value) of the keys that are not records (the import markers, unreadable
-    values): they take room in their bucket, and `room` cannot leave them out."""
-    records = read_buckets(configmaps := list(configmaps))
+def read_others(configmaps: Iterable[dict[str, Any]], records: Collection[str]) -> dict[str, dict[str, int]]:
+    """bucket -> key -> size (key and value) of the keys that are not `records` (`read_buckets`' uids): the import
+    markers, unreadable values. They take room in their bucket, and `room` cannot leave them out."""
     out: dict[str, dict[str, int]] = {}
     for cm in configmaps:
         name, data = (cm.get("metadata") or {}).get("name"), cm.get("data")
@@ -232,7 +231,7 @@ class RecordStore:
         and what it has yet to write (the watch may not have delivered those yet)."""
         configmaps = list(configmaps)
         fresh = read_buckets(configmaps)
-        others = read_others(configmaps)
+        others = read_others(configmaps, fresh)
         with self._lock:
             self.imported |= read_imported(configmaps)
             others.setdefault(MARKER_BUCKET, {}).update(self._markers)
@@ -399,7 +398,7 @@ class RecordStore:
         except Exception as err:
             return self._failed(bucket, f"{type(err).__name__}: {str(err)[:200]}")
         fresh = read_buckets([{"data": cm.data or {}}])
-        others = read_others([{"metadata": {"name": bucket}, "data": cm.data or {}}]).get(bucket, {})
+        others = read_others([{"metadata": {"name": bucket}, "data": cm.data or {}}], fresh).get(bucket, {})
         with self._lock:
             self._others[bucket] = {**others, **(self._markers if bucket == MARKER_BUCKET else {})}
             for uid in list(self._buckets.get(bucket, {})):
