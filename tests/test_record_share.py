@@ -36,7 +36,7 @@ from kf_culler.record import CullerRecord
 from kf_culler.runner import Runner
 
 T0 = datetime(2026, 11, 29, 10, 40, tzinfo=UTC)
-FULL = CullerRecord(T0, T0, T0, T0)  # every time set: the largest record
+FULL = CullerRecord(T0, T0, T0, T0, T0)  # every time set: the largest record
 FORGED = {STOPPED_BY_ANNOTATION: STOPPED_BY_VALUE, STOPPED_AT_ANNOTATION: "2026-11-01T10:00:00Z",
           STOP_ANNOTATION: "2026-11-01T10:00:00Z"}
 
@@ -73,7 +73,8 @@ def _size(contents: dict[str, Stored]) -> int:
 def test_a_record_holds_no_name_and_its_largest_size_is_the_documented_bound() -> None:
     uid = str(uuid.uuid4())
     text = record_text(FULL, "n" * 63)  # a namespace is a DNS label: 63 characters at most
-    assert set(json.loads(text)) == {"namespace", "stoppedAt", "restartedAt", "runningSince", "warnedAt"}
+    assert set(json.loads(text)) == {"namespace", "stoppedAt", "restartedAt", "runningSince", "warnedAt",
+                                     "stopNotTakenAt"}
     assert len(uid) + len(text) == MAX_RECORD_BYTES
     # the worst-case bucket: the budget, and one more record over it, stays under the API server's limit
     assert BUDGET + MAX_RECORD_BYTES < API_LIMIT
@@ -125,6 +126,17 @@ def test_a_protected_write_is_never_left_out_and_a_deferred_one_keeps_to_its_sha
               b: _stored(b, "ns", CullerRecord(stopped_at=T0))}
     assert room(contents, values, budget=10, per_namespace=1) == [c]  # a stop's record lands whatever the share
     assert room(contents, values, budget=10_000, per_namespace=1, protected=()) == [c, b]  # oldest first
+
+
+def test_a_record_told_not_taken_lately_is_not_the_oldest() -> None:
+    """A record's age is its latest time: the culler's report that a stop did not take (`stopNotTakenAt`) is as
+    recent a record as a stop."""
+    bucket = bucket_names()[2]
+    told, other = _uids_in(bucket, 2)
+    contents = {told: _stored(told, "ns", CullerRecord(stopped_at=T0 - timedelta(days=2), not_taken_at=T0)),
+                other: _stored(other, "ns", CullerRecord(stopped_at=T0 - timedelta(days=1)))}
+    assert contents[told].latest == T0
+    assert room(contents, {}, per_namespace=1, protected=()) == [other]
 
 
 def test_the_import_is_remembered_per_shard_under_any_later_shard_count() -> None:
@@ -253,8 +265,47 @@ def test_a_bucket_filled_to_the_real_limit_by_other_namespaces_does_not_block_a_
         assert BUDGET - MAX_RECORD_BYTES < sum(len(k) + len(v) for k, v in data.items()) <= BUDGET
         time.sleep(1)
         with _culler(api, [namespace], culler_ns, router) as runner:
+            # the culler's view of the buckets is listed after the filler's last write
+            assert runner.cache is not None and runner.cache.wait_synced(120)
             result = _stop_victim(runner, namespace, "nb")
     assert result.write is not None and result.write.outcome == "patched"
     data = _buckets(api, culler_ns)[bucket]
     assert json.loads(data[uid])["namespace"] == namespace and "stoppedAt" in json.loads(data[uid])
     assert sum(len(k) + len(v) for k, v in data.items()) <= BUDGET
+
+
+def _configmaps(api: Any, culler_ns: str) -> list[dict[str, Any]]:
+    """The buckets as the watch gives them (JSON dicts)."""
+    return [{"metadata": {"name": cm.metadata.name}, "data": dict(cm.data or {})}
+            for cm in client.CoreV1Api(api).list_namespaced_config_map(culler_ns).items]
+
+
+@pytest.mark.cluster
+def test_the_import_marker_counts_in_its_buckets_budget(api: Any, namespace: str) -> None:
+    """The first bucket holds the import's markers as well as records. A bucket filled by records to just under
+    its budget stays within it when the marker is written (the oldest record makes room), and a later record
+    written there by another culler process, which reads the bucket as its watch has it, makes room for the
+    marker too. Before, the marker was written without room and never counted: the bucket passed its budget
+    by the marker's size (35 B)."""
+    culler_ns = f"{namespace}-culler"
+    obj.create_namespace(api, culler_ns)
+    uids = _uids_in(MARKER_BUCKET, 9)
+    rows = [(u, "team-a", "", CullerRecord(stopped_at=T0 + timedelta(seconds=i))) for i, u in enumerate(uids)]
+    sizes = [_stored(u, ns, r).size for u, ns, _, r in rows]
+    assert len(set(sizes)) == 1  # all the same size: what fits is plain arithmetic
+    marker = len(imported_key(0, 1)) + len("2026-11-29T10:40:00Z")
+    budget = sum(sizes[:8]) + marker - 1  # eight records fill it; the marker does not fit beside them
+    store = RecordStore(api, culler_ns, budget=budget)
+    assert store.put_many(rows[:8]) == set(uids[:8])
+    assert store.mark_imported([0], 1, T0)
+    data = _buckets(api, culler_ns)[MARKER_BUCKET]
+    assert imported_key(0, 1) in data and uids[0] not in data  # the oldest record made room
+    assert sum(len(k) + len(v) for k, v in data.items()) <= budget
+
+    later = RecordStore(api, culler_ns, budget=budget)
+    later.load(_configmaps(api, culler_ns))
+    assert not later.import_due(namespace)
+    assert later.put(uids[8], "team-a", "", rows[8][3])
+    data = _buckets(api, culler_ns)[MARKER_BUCKET]
+    assert uids[8] in data and imported_key(0, 1) in data
+    assert sum(len(k) + len(v) for k, v in data.items()) <= budget

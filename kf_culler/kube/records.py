@@ -15,7 +15,8 @@ that holds the most of it. The record being written is never what makes room for
 
 The one-time import of the old marks (kf_culler/record.py `imported`) is remembered as done by the key
 `imported-<shard>-of-<shards>` of the first bucket, per shard of namespaces (kf_culler/sharding.py), so a
-restart, a new leader or a new shard holder never runs it again.
+restart, a new leader or a new shard holder never runs it again. Those markers, and any value that is not a
+record (an admin's edit), count in their bucket's budget like the records, and are never left out.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ API_LIMIT = 1024 * 1024
 BUDGET = 896 * 1024
 # At most this many records of one namespace in one bucket (16 buckets: 16,384 notebooks of one namespace).
 PER_NAMESPACE = 1024
-# The largest record: a uid key (36) and {"namespace": 63 characters, the four times to the second}.
-MAX_RECORD_BYTES = 259
+# The largest record: a uid key (36) and {"namespace": 63 characters, the five times to the second}.
+MAX_RECORD_BYTES = 299
 IMPORTED_PREFIX = "imported-"  # `imported-<shard>-of-<shards>` in the first bucket: the import is done
 
 
@@ -74,8 +75,8 @@ def imported_key(shard: int, shards: int) -> str:
 
 
 def _latest(record: CullerRecord) -> datetime | None:
-    times = [t for t in (record.stopped_at, record.restarted_at, record.running_since, record.warned_at)
-             if t is not None]
+    times = [t for t in (record.stopped_at, record.restarted_at, record.running_since, record.warned_at,
+                         record.not_taken_at) if t is not None]
     return max(times) if times else None
 
 
@@ -122,6 +123,18 @@ def read_buckets(configmaps: Iterable[dict[str, Any]]) -> dict[str, Stored]:
                 continue
             if record is not None and isinstance(ns, str):
                 out[uid] = Stored(ns, record, len(str(uid).encode()) + len(str(text).encode()))
+    return out
+
+
+def read_others(configmaps: Iterable[dict[str, Any]], records: Collection[str]) -> dict[str, dict[str, int]]:
+    """bucket -> key -> size (key and value) of the keys that are not `records` (`read_buckets`' uids): the import
+    markers, unreadable values. They take room in their bucket, and `room` cannot leave them out."""
+    out: dict[str, dict[str, int]] = {}
+    for cm in configmaps:
+        name, data = (cm.get("metadata") or {}).get("name"), cm.get("data")
+        for key, text in (data.items() if isinstance(data, dict) else ()):
+            if key not in records:
+                out.setdefault(str(name), {})[str(key)] = len(str(key).encode()) + len(str(text).encode())
     return out
 
 
@@ -204,6 +217,8 @@ class RecordStore:
         self._buckets: dict[str, dict[str, Stored]] = {}  # the same records by bucket
         self._pending: dict[str, dict[str, Row]] = {}  # bucket -> uid -> what to write
         self._written: dict[str, Stored | None] = {}  # what this process wrote since the last load
+        self._others: dict[str, dict[str, int]] = {}  # bucket -> key -> size of what is not a record (`read_others`)
+        self._markers: dict[str, int] = {}  # the import markers this process wrote (never removed) -> their size
         self.imported: set[tuple[int, int]] = set()  # (shard, shards) whose old marks were imported
         self.writes = 0
         self.failures = 0
@@ -216,8 +231,11 @@ class RecordStore:
         and what it has yet to write (the watch may not have delivered those yet)."""
         configmaps = list(configmaps)
         fresh = read_buckets(configmaps)
+        others = read_others(configmaps, fresh)
         with self._lock:
             self.imported |= read_imported(configmaps)
+            others.setdefault(MARKER_BUCKET, {}).update(self._markers)
+            self._others = others
             overlay = dict(self._written)
             self._written = {}
             for values in self._pending.values():
@@ -248,7 +266,7 @@ class RecordStore:
         keys = {imported_key(i, count): format_time(now) for i in shards if (i, count) not in self.imported}
         if not keys:
             return True
-        if not self._send(MARKER_BUCKET, dict(keys)):
+        if self._patch(MARKER_BUCKET, {}, protect=True, others=keys) is None:
             return False
         self.imported |= {(i, count) for i in shards}
         return True
@@ -327,21 +345,25 @@ class RecordStore:
             self.defer(uid, s.namespace, "", None)
         return len(gone)
 
-    def _patch(self, bucket: str, values: Mapping[str, Row], protect: bool) -> list[str] | None:
-        """Write these keys of one bucket, with the removals that make room for them (`room`; with `protect`,
-        none of `values` is left out); the uids removed, or None when the write failed. After a 422 (the bucket
-        is fuller than this replica's view: another replica wrote meanwhile), once more from the bucket as the
-        API server has it."""
+    def _patch(self, bucket: str, values: Mapping[str, Row], protect: bool,
+               others: Mapping[str, str] | None = None) -> list[str] | None:
+        """Write these keys of one bucket, and `others` (keys that are not records: the import markers), with the
+        removals that make room for them (`room`, in the budget less what is not a record; with `protect`, none
+        of `values` is left out); the uids removed, or None when the write failed. After a 422 (the bucket is
+        fuller than this replica's view: another replica wrote meanwhile), once more from the bucket as the API
+        server has it."""
         from kubernetes.client.rest import ApiException
 
         new = {uid: row[0] for uid, row in values.items()}
+        extra = {key: len(key.encode()) + len(text.encode()) for key, text in (others or {}).items()}
         for attempt in range(2):
             with self._lock:
                 contents = self._buckets.get(bucket, {})
-                evict = room(contents, new, self.budget, self.per_namespace, None if protect else ())
+                fixed = sum({**self._others.get(bucket, {}), **extra}.values())
+                evict = room(contents, new, self.budget - fixed, self.per_namespace, None if protect else ())
                 whose = sorted({(contents.get(uid) or new[uid] or Stored("", CullerRecord(), 0)).namespace
                                 for uid in evict})
-            body: dict[str, str | None] = {**dict.fromkeys(evict),
+            body: dict[str, str | None] = {**dict.fromkeys(evict), **(others or {}),
                                            **{uid: row[1] for uid, row in values.items() if uid not in evict}}
             try:
                 landed = self._send(bucket, body, raise_invalid=attempt == 0)
@@ -351,6 +373,11 @@ class RecordStore:
                 continue
             if not landed:
                 return None
+            if extra:
+                with self._lock:
+                    self._others.setdefault(bucket, {}).update(extra)
+                    if bucket == MARKER_BUCKET:
+                        self._markers.update(extra)
             if evict:
                 with self._lock:
                     for uid in evict:
@@ -371,7 +398,9 @@ class RecordStore:
         except Exception as err:
             return self._failed(bucket, f"{type(err).__name__}: {str(err)[:200]}")
         fresh = read_buckets([{"data": cm.data or {}}])
+        others = read_others([{"metadata": {"name": bucket}, "data": cm.data or {}}], fresh).get(bucket, {})
         with self._lock:
+            self._others[bucket] = {**others, **(self._markers if bucket == MARKER_BUCKET else {})}
             for uid in list(self._buckets.get(bucket, {})):
                 if uid not in fresh:
                     self._set(uid, None)
