@@ -289,6 +289,37 @@ def test_removing_the_statefulsets_owner_reference_hides_nothing(profile: Profil
     assert profile.replicas("decoy") == 1  # a stop of nb scales nb alone, whatever the decoy claims
 
 
+def test_renumbering_the_statefulsets_pods_hides_nothing(profile: Profile) -> None:
+    """Attack: `kubectl patch sts nb -p '{"spec":{"ordinals":{"start":1}}}'`, then `kubectl delete pod nb-0`: the
+    StatefulSet controller makes `nb-1`, which takes the GPU; the notebook-controller's next update of the
+    StatefulSet drops the field it does not know, so `nb-0` is made again and waits, Pending, for the one GPU,
+    and the StatefulSet controller (OrderedReady) removes no pod while `nb-0` is not Ready. The culler finds the
+    notebook's pod among all the pods the StatefulSet `nb` controls (the Running one holding the GPU), not only
+    `nb-0`: the idle GPU notebook is stopped and both pods go away."""
+    profile.create("nb")
+    profile.wait_running("nb")
+    client.AppsV1Api(profile.user).patch_namespaced_stateful_set("nb", profile.namespace,
+                                                                 {"spec": {"ordinals": {"start": 1}}},
+                                                                 _content_type=MERGE)
+    profile.delete_pod("nb-0")
+    core = client.CoreV1Api(profile.admin)
+
+    def renumbered() -> bool:
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(profile.namespace).items}
+        return "nb-1" in pods and pods["nb-1"].status.phase == "Running"
+
+    procs.wait_until(renumbered, 90, 0.2, "the GPU pod nb-1 Running")
+    profile.gpu.assign("nb-1", util=0, used_mib=0)
+    profile.gpu.wait_scraped("nb-1")
+    runner = profile.culler()
+    r = profile.passes_until("nb", is_stop, between=lambda: profile.gpu.assign("nb-1", util=0, used_mib=0))
+    assert r.verdict.state == "idle" and r.gpus == 1, r.verdict
+    assert runner.gpu_orphans == []
+    profile.stopped("nb", r)
+    procs.wait_until(lambda: not core.list_namespaced_pod(profile.namespace).items, 60, 0.2,
+                     "the pods of nb to go away")
+
+
 def test_deleting_ones_pod_does_not_restart_the_lifetime_cap(profile: Profile) -> None:
     """Attack: a kernel kept busy (positive evidence) and the pod deleted again and again (the StatefulSet
     makes a new one each time): the lifetime cap counts from when the culler first saw the notebook running
