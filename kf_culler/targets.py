@@ -183,20 +183,32 @@ def _running(pod: Mapping[str, Any]) -> bool:
         "deletionTimestamp")
 
 
+def statefulset_member(pod: Mapping[str, Any], name: str) -> bool:
+    """Whether the pod is named as a member of the StatefulSet `name` is: `<name>-<ordinal>`."""
+    pod_name = str(_dict(pod.get("metadata")).get("name"))
+    ordinal = pod_name.removeprefix(f"{name}-")
+    return ordinal != pod_name and ordinal.isascii() and ordinal.isdigit() and ordinal == str(int(ordinal))
+
+
 def workspace_pod(ws: Mapping[str, Any], statefulsets: Mapping[OwnerKey, list[dict[str, Any]]],
-                  pods: Mapping[Key, dict[str, Any]]) -> dict[str, Any] | None:
+                  pods: Mapping[Key, dict[str, Any]],
+                  pods_by_owner: Mapping[OwnerKey, list[dict[str, Any]]] | None = None) -> dict[str, Any] | None:
     """A Workspace's pod: `<statefulset>-0` of a StatefulSet the Workspace controls, controlled by that
     StatefulSet (the Workspace controller names both with random suffixes: found by ownership, never by name
-    or labels, which the user can write). A user can attach more StatefulSets to their Workspace: of all
-    their pods, the Running one asking for the most GPUs, so that none can hide the one holding a GPU. None
-    when there is none."""
+    or labels, which the user can write), or, given `pods_by_owner` (kf_culler/targets.py `owned_by` over the
+    pods, "StatefulSet"), any `<statefulset>-<ordinal>` it controls (a user may renumber its pods with
+    `spec.ordinals`). A user can attach more StatefulSets to their Workspace: of all their pods, the Running one
+    asking for the most GPUs, so that none can hide the one holding a GPU. None when there is none."""
     found = []
     for sts in statefulsets.get(owner_key(ws), []):
         meta = _dict(sts.get("metadata"))
         name = str(meta.get("name"))
+        mine = ("StatefulSet", name, uid_of(sts))
         pod = pods.get((str(meta.get("namespace")), f"{name}-0"))
-        if pod is not None and controller_of(pod) == ("StatefulSet", name, uid_of(sts)):
+        if pod is not None and controller_of(pod) == mine:
             found.append(pod)
+        found += [p for p in (pods_by_owner or {}).get(owner_key(sts), [])
+                  if p is not pod and controller_of(p) == mine and statefulset_member(p, name)]
     if not found:
         return None
     best = max((_running(p), _gpus(p)) for p in found)

@@ -59,6 +59,31 @@ def test_pods_are_paired_as_the_notebook_controller_acts_and_labels_do_not_count
         ("g", "no StatefulSet g exists")]
 
 
+def test_a_renumbered_statefulsets_gpu_pod_is_the_notebooks_and_a_decoy_claiming_it_is_not() -> None:
+    """`spec.ordinals.start` changed, then set back: `nb-1` Running with the GPU, `nb-0` Pending (the StatefulSet
+    controller removes nothing while `nb-0` is not Ready). The notebook's pod is the Running member of its
+    StatefulSet asking for the most GPUs, `nb-1`; a pod of the user's own whose ownerReference names the StatefulSet
+    but whose name is no member's (`aaa`, `nb-x`, `nbx-0`) is never chosen, Running or not."""
+    notebooks = {("ns", "nb"): _nb("nb", "nb-uid")}
+    sts = {("ns", "nb"): _owned("nb", "Notebook", "nb", "nb-uid", "sts-nb")}
+
+    def pod(name: str, phase: str, gpus: int) -> dict[str, Any]:
+        p = _owned(name, "StatefulSet", "nb", "sts-nb")
+        resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+        p["spec"] = {"containers": [{"name": "c", "resources": resources}]}
+        p["status"] = {"phase": phase}
+        return p
+
+    pods = {("ns", n): pod(n, phase, gpus) for n, phase, gpus in (
+        ("nb-0", "Pending", 1), ("nb-1", "Running", 1), ("aaa", "Running", 4), ("nb-x", "Running", 4),
+        ("nbx-0", "Running", 4))}
+    paired, orphans = pair(notebooks, sts, pods)
+    assert paired == [(notebooks[("ns", "nb")], pods[("ns", "nb-1")])] and orphans == []
+    del pods[("ns", "nb-1")]
+    paired, _ = pair(notebooks, sts, pods)
+    assert paired == [(notebooks[("ns", "nb")], pods[("ns", "nb-0")])]  # the one member left, Pending
+
+
 @pytest.mark.cluster
 def test_a_gpu_pod_taken_from_its_statefulset_is_reported_once(api: Any, namespace: str) -> None:
     """A user relabels their GPU pod off the StatefulSet (here: the pod has no controller): the notebook has no

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from need import missing
 
 from kf_culler.config import GPU_MODEL_LABEL, load_mapping
 from kf_culler.cycle import NotebookResult
@@ -288,6 +289,46 @@ def test_removing_the_statefulsets_owner_reference_hides_nothing(profile: Profil
     assert profile.replicas("decoy") == 1  # a stop of nb scales nb alone, whatever the decoy claims
 
 
+def test_renumbering_the_statefulsets_pods_hides_nothing(profile: Profile) -> None:
+    """Attack: `kubectl patch sts nb -p '{"spec":{"ordinals":{"start":1}}}'`, then `kubectl delete pod nb-0`: the
+    StatefulSet controller makes `nb-1`, which takes the GPU; the notebook-controller's next update of the
+    StatefulSet drops the field it does not know, so `nb-0` is made again and waits, Pending, for the one GPU,
+    and the StatefulSet controller (OrderedReady) removes no pod while `nb-0` is not Ready. The culler finds the
+    notebook's pod among all the pods the StatefulSet `nb` controls (the Running one holding the GPU), not only
+    `nb-0`: the idle GPU notebook is stopped and both pods go away."""
+    profile.create("nb")
+    profile.wait_running("nb")
+    core = client.CoreV1Api(profile.admin)
+
+    def renumbered() -> bool:
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(profile.namespace).items}
+        return "nb-1" in pods and pods["nb-1"].status.phase == "Running"
+
+    def attempt() -> bool:
+        """She renumbers and deletes nb-0 at once, before the notebook-controller's next update takes the field
+        away; True once nb-1 runs (else she tries again)."""
+        client.AppsV1Api(profile.user).patch_namespaced_stateful_set(
+            "nb", profile.namespace, {"spec": {"ordinals": {"start": 1}}}, _content_type=MERGE)
+        profile.delete_pod("nb-0")
+        try:
+            procs.wait_until(renumbered, 10, 0.2, "nb-1 Running")
+        except TimeoutError:
+            return False
+        return True
+
+    assert any(attempt() for _ in range(12)), "nb-1 never took the GPU"
+
+    profile.gpu.assign("nb-1", util=0, used_mib=0)
+    profile.gpu.wait_scraped("nb-1")
+    runner = profile.culler()
+    r = profile.passes_until("nb", is_stop, between=lambda: profile.gpu.assign("nb-1", util=0, used_mib=0))
+    assert r.verdict.state == "idle" and r.gpus == 1, r.verdict
+    assert runner.gpu_orphans == []
+    profile.stopped("nb", r)
+    procs.wait_until(lambda: not core.list_namespaced_pod(profile.namespace).items, 60, 0.2,
+                     "the pods of nb to go away")
+
+
 def test_deleting_ones_pod_does_not_restart_the_lifetime_cap(profile: Profile) -> None:
     """Attack: a kernel kept busy (positive evidence) and the pod deleted again and again (the StatefulSet
     makes a new one each time): the lifetime cap counts from when the culler first saw the notebook running
@@ -427,3 +468,68 @@ def time_ago(seconds: float) -> Any:
     from datetime import UTC, datetime, timedelta
 
     return datetime.now(UTC) - timedelta(seconds=seconds)
+
+
+def test_forged_stop_marks_from_a_tenant_are_imported_once_and_keep_no_name(kube: Any, api: Any,
+                                                                          namespace: str) -> None:
+    """Attack, as the tenant on the real API server (alice, impersonated, with kubeflow-edit's rights in her
+    namespace and none in the culler's): stopped Notebooks with 200-character names and forged `stopped-by:
+    kf-culler` marks, no pods, to fill the culler's shared record buckets. Control: the API server takes them from
+    her (without components/exempt-admission nothing refuses the marks). The culler's record keeps none of her
+    names, and its import of old marks is done once: the forged Notebooks she adds after the first culler start
+    are never imported, by a later pass or a second culler start. (The share of a bucket a namespace may fill is
+    tests/test_record_share.py's, with the real bounds.)"""
+    if kube.local is None:
+        missing("a local control plane (impersonation of a tenant)", "the cluster target is not local")
+    culler_ns = f"{namespace}-culler"
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": culler_ns}})
+    rbac = client.RbacAuthorizationV1Api(api)
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "profile-edit"}, "rules": PROFILE_EDIT_RULES})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "alice-edit"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "profile-edit"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice@example.com"}]})
+    alice = kube.api_client()
+    alice.set_default_header("Impersonate-User", "alice@example.com")
+    forged = {STOPPED_BY_ANNOTATION: STOPPED_BY_VALUE, STOPPED_AT_ANNOTATION: "2026-11-01T10:00:00Z",
+              STOP_ANNOTATION: "2026-11-01T10:00:00Z"}
+    long = "x" * 200
+
+    def forge(i: int) -> str:
+        body = notebook_body(namespace, f"{long}-{i:03d}", gpus=0)
+        body["metadata"].setdefault("annotations", {}).update(forged)
+        body["metadata"]["labels"] = {}
+        deadline = time.monotonic() + 30
+        while True:  # alice's Role takes a moment to be in force
+            try:
+                made = client.CustomObjectsApi(alice).create_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, body)
+                return str(made["metadata"]["uid"])
+            except ApiException as err:
+                if err.status != 403 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    with pytest.raises(ApiException) as refused:  # she cannot write the culler's namespace
+        client.CoreV1Api(alice).create_namespaced_config_map(culler_ns, {"metadata": {"name": "kf-culler-records-00"}})
+    assert refused.value.status == 403
+    early = {forge(i) for i in range(20)}
+    settings = load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 30, "warnMinutes": 0},
+                            "red team")
+
+    def stored() -> dict[str, str]:
+        return {k: v for cm in client.CoreV1Api(api).list_namespaced_config_map(culler_ns).items
+                for k, v in (cm.data or {}).items()}
+
+    with Runner(settings, api, records_namespace=culler_ns) as first:
+        first.once()
+        late = {forge(i) for i in range(20, 30)}
+        time.sleep(1)  # the cache sees them
+        first.once()
+    with Runner(settings, api, records_namespace=culler_ns) as second:
+        second.once()
+        second.once()
+    records = stored()
+    assert early & set(records), "the first start imports the old marks"
+    assert not late & set(records), sorted(late & set(records))
+    assert all(long not in value for value in records.values())

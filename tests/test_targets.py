@@ -46,6 +46,29 @@ def owned(kind: str, name: str, owner_kind: str, owner: str, uid: str, **extra: 
         {"kind": owner_kind, "name": owner, "uid": uid, "controller": True}]}, **extra}
 
 
+def test_a_workspaces_renumbered_gpu_pod_is_found_and_a_decoy_claiming_its_statefulset_is_not() -> None:
+    """The tenant renumbers their Workspace's StatefulSet (`spec.ordinals.start: 1`) and deletes `-0`: its pod
+    `-1` holds the GPU, `-0` may come back Pending. The Workspace's pod is the Running member asking for the most
+    GPUs; a pod of the tenant's own whose ownerReference names the StatefulSet but whose name is no member's is
+    never chosen."""
+    w = ws()
+    sts = owned("StatefulSet", "ws-ws1-abcde", "Workspace", "ws1", "uid-ws1")
+    gpu = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+
+    def pod(name: str, phase: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return owned("Pod", name, "StatefulSet", "ws-ws1-abcde", "uid-ws-ws1-abcde", spec=spec,
+                     status={"phase": phase})
+
+    one = pod("ws-ws1-abcde-1", "Running", gpu)
+    pods = {("team", p["metadata"]["name"]): p for p in (
+        one, pod("ws-ws1-abcde-0", "Pending", gpu), pod("ws-ws1-abcde-x", "Running", {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}), pod("aaa", "Running", gpu))}
+    by_ws = owned_by({("team", "s"): sts}, "Workspace")
+    assert workspace_pod(w, by_ws, pods, owned_by(pods, "StatefulSet")) is one
+    del pods[("team", "ws-ws1-abcde-0")]
+    assert workspace_pod(w, by_ws, pods, owned_by(pods, "StatefulSet")) is one
+
+
 def test_a_workspace_is_stopped_by_spec_paused_and_never_by_the_v1_annotation() -> None:
     assert target_of(ws()) is WORKSPACES
     assert is_stopped(ws(paused=True))

@@ -571,6 +571,7 @@ class ClusterCache:
         paired, self.orphans = pair(notebooks, statefulsets, pods)
         if self.workspaces:
             by_owner = owned_by(statefulsets, WORKSPACES.kind)  # by (namespace, Workspace uid)
+            members = owned_by(pods, "StatefulSet")  # by (namespace, StatefulSet uid)
             services: dict[Key, dict[str, Any]] = {}
             for c in self.services:
                 services.update(c.snapshot())
@@ -582,7 +583,7 @@ class ClusterCache:
             # `workspace_tampered`): one with several StatefulSets or Services is one its controller cannot act on.
             paired += [({**w, CONTROLS_KEY: {"statefulSets": len(by_owner.get(owner_key(w), [])),
                                              "services": len(self._ws_services.get(owner_key(w), []))}},
-                        workspace_pod(w, by_owner, pods)) for _, w in sorted(found.items())]
+                        workspace_pod(w, by_owner, pods, members)) for _, w in sorted(found.items())]
         if self.workloads:
             sets: dict[Key, dict[str, Any]] = {}
             for c in self.replicasets:

@@ -4,8 +4,11 @@ Kubeflow's notebook-controller (v1.11.0, controllers/notebook_controller.go) fin
 name, `<name>` in the Notebook's namespace, and writes its replicas (0 when the Notebook carries the stop
 annotation) whatever that StatefulSet's ownerReferences say; it neither checks them nor puts a removed one
 back. The StatefulSet controller then removes the pods it controls, `<name>-0` among them. So a notebook's
-pod is `<name>-0` controlled (by uid) by the StatefulSet `<name>` of its namespace: removing or changing the
-StatefulSet's ownerReference hides nothing, since a stop still scales it. A profile user can relabel their
+pod is a pod controlled (by uid) by the StatefulSet `<name>` of its namespace and named as its members are,
+`<name>-<ordinal>`: usually `<name>-0`, but a user may renumber them (`spec.ordinals.start`, a field the
+notebook-controller does not keep) and leave `<name>-1` holding the GPU beside a Pending `<name>-0`; of them the
+Running one asking for the most GPUs is the notebook's. Removing or changing the StatefulSet's ownerReference
+hides nothing, since a stop still scales it. A profile user can relabel their
 Notebook (the controller copies its labels onto the pod template) and their pods, so labels decide nothing
 here, and a StatefulSet of another name is never a notebook's, whatever it claims to be owned by. A pod named
 `<name>-0` that the StatefulSet `<name>` does not control is what a stop cannot reach: when it holds a GPU it
@@ -14,6 +17,9 @@ is reported (`Orphan`). Pure: over the cached objects.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +40,31 @@ def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
 
 
+_MEMBER = re.compile(r"-(0|[1-9][0-9]{0,8})$")  # what follows `<statefulset>` in a member pod's name
+
+
+def _gpus(pod: Mapping[str, Any]) -> float:
+    total = 0.0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for kind in ("limits", "requests"):
+            for res, value in (((c or {}).get("resources") or {}).get(kind) or {}).items():
+                if "gpu" in str(res):
+                    with contextlib.suppress(ValueError):
+                        n = float(str(value))
+                        total = max(total, n) if math.isfinite(n) and n > 0 else total
+    return total
+
+
+def _holding(pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of a StatefulSet's member pods, the Running one asking for the most GPUs, then the first by name."""
+    def rank(p: Mapping[str, Any]) -> tuple[bool, float]:
+        meta, status = p.get("metadata") or {}, p.get("status") or {}
+        return status.get("phase") == "Running" and not meta.get("deletionTimestamp"), _gpus(p)
+
+    best = max(rank(p) for p in pods)
+    return min((p for p in pods if rank(p) == best), key=lambda p: str((p.get("metadata") or {}).get("name")))
+
+
 @dataclass(frozen=True)
 class Orphan:
     """A pod named like a notebook's pod that the StatefulSet `<name>`, which a stop scales, does not control."""
@@ -50,14 +81,25 @@ def pair(notebooks: Mapping[Key, dict[str, Any]], statefulsets: Mapping[Key, dic
     remove (`Orphan`)."""
     out: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     orphans: list[Orphan] = []
+    members: dict[tuple[str, str], list[dict[str, Any]]] = {}  # by (namespace, controlling StatefulSet's uid)
+    for (ns, pod_name), member in pods.items():
+        ref = controller_of(member)
+        if ref is not None and ref[0] == "StatefulSet" and pod_name.startswith(f"{ref[1]}-") \
+                and _MEMBER.match(pod_name, len(ref[1])) is not None:
+            members.setdefault((ns, ref[2]), []).append(member)
     for key in sorted(notebooks):
         nb = notebooks[key]
         ns, name = key
+        sts = statefulsets.get(key)
+        own = [p for p in members.get((ns, _uid(sts)), []) if controller_of(p) == ("StatefulSet", name, _uid(sts))] \
+            if sts is not None else []
+        if own:
+            out.append((nb, _holding(own)))
+            continue
         pod = pods.get((ns, f"{name}-0"))
         if pod is None:
             out.append((nb, None))
             continue
-        sts = statefulsets.get(key)
         why = None
         if sts is None:
             why = f"no StatefulSet {name} exists"
