@@ -16,10 +16,12 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import pytest
+from support.lock import locked, normalize
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -138,14 +140,39 @@ def test_every_stage_starts_from_slim_python_311(stages: list[Stage]) -> None:
         assert tag.startswith("3.11") and "slim" in tag
 
 
-def test_installs_the_package_without_test_extras_and_without_a_cache(stages: list[Stage]) -> None:
+def test_installs_the_locked_dependencies_then_the_package_without_test_extras_and_without_a_cache(
+        stages: list[Stage]) -> None:
+    """First requirements.lock, every file checked against its hash, wheels only; then the project itself with no
+    dependencies of its own choosing, no extras."""
     pip_installs = [c for s in stages for c in install_commands(s)
                     if "pip" in Path(c[0]).name and "install" in c]
-    assert len(pip_installs) == 1, pip_installs
-    (cmd,) = pip_installs
-    targets = [w for w in cmd[cmd.index("install") + 1:] if not w.startswith("-")]
+    assert len(pip_installs) == 2, pip_installs
+    lock, project = pip_installs
+    assert {"--require-hashes", "--only-binary=:all:", "--no-cache-dir"} <= set(lock), lock
+    assert lock[lock.index("-r") + 1] == "requirements.lock"
+    assert [w for w in lock[lock.index("install") + 1:] if not w.startswith("-")] == ["requirements.lock"]
+    targets = [w for w in project[project.index("install") + 1:] if not w.startswith("-")]
     assert targets == ["."], "install the project itself, no extras, nothing else"
-    assert "--no-cache-dir" in cmd
+    assert {"--no-deps", "--no-cache-dir"} <= set(project), project
+
+
+def test_the_lock_pins_every_dependency_by_version_and_hash() -> None:
+    """Every runtime dependency of pyproject.toml (and the build backend) is pinned to a version it accepts, each
+    with the hash of at least one file; the lock holds the build backend and nothing of the test extras."""
+    from packaging.requirements import Requirement
+
+    lock = locked()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = [*project["project"]["dependencies"], *project["build-system"]["requires"]]
+    for spec in map(Requirement, wanted):
+        name = normalize(spec.name)
+        assert name in lock, f"{spec.name} is not in requirements.lock (bash hack/image/lock.sh)"
+        assert spec.specifier.contains(lock[name][0]), f"requirements.lock's {name}=={lock[name][0]} is not {spec}"
+    for name, (version, hashes) in lock.items():
+        assert re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version), name
+        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+    for test_only in ("pytest", "hypothesis", "mypy", "cryptography", "jupyter-server"):
+        assert test_only not in lock
 
 
 def test_final_stage_has_no_sources_and_no_build_tools(stages: list[Stage]) -> None:
@@ -200,6 +227,7 @@ def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest(tmp_path: Pa
     ctx = build_context(tmp_path)
     assert (ctx / "pyproject.toml").is_file()
     assert (ctx / "kf_culler" / "cli.py").is_file()
+    assert (ctx / "requirements.lock").is_file()
     assert not (ctx / "tests").exists()
     # The image runs the culler, not the demo: no local components (control plane, Jupyter, Prometheus).
     assert not (ctx / "kf_culler" / "local").exists()
@@ -249,6 +277,17 @@ def test_build_stage_installs_a_working_kf_culler(stages: list[Stage], tmp_path:
         proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert venv_dir is not None
+    # Exactly the locked versions, and nothing else but the project.
+    python = venv_dir / "bin" / "python"
+    listed = subprocess.run([str(python), "-c", "import importlib.metadata as m, json; print(json.dumps("
+                             "{d.metadata['Name']: d.version for d in m.distributions()}))"],
+                            env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    installed_versions = {normalize(k): v for k, v in json.loads(listed.stdout).items()}
+    assert installed_versions.pop("kf-culler") == tomllib.loads((ROOT / "pyproject.toml").read_text())[
+        "project"]["version"]
+    expected = {name: version for name, (version, _) in locked().items() if name not in ("pip", "setuptools")}
+    assert installed_versions == expected
     # The final stage puts the environment's bin first on PATH and runs the ENTRYPOINT from there.
     final_env = env_of(stages[-1])
     assert final_env["PATH"].split(":")[0] == "/" + str(venv_dir.relative_to(root)) + "/bin"

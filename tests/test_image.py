@@ -31,6 +31,7 @@ import pytest
 import yaml
 from need import missing
 from support.kustomize import render
+from support.lock import locked, normalize
 from support.target import KubeTarget
 
 from kf_culler.local import procs
@@ -152,6 +153,39 @@ print(json.dumps({
     found = json.loads(done.stdout)
     assert found["present"] == [] and found["src"] is False
     assert found["package"].startswith("/opt/kf-culler/lib/")
+
+
+def test_the_image_holds_exactly_the_locked_dependencies(image: Image) -> None:
+    """Every distribution in the image's environment is requirements.lock's at its pinned version (pip and
+    setuptools, locked for the build, are gone), and the project at its own version."""
+    probe = ("import importlib.metadata as m, json;"
+             " print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
+    done = image.run("-c", probe, flags=("--entrypoint", "python3"))
+    assert done.returncode == 0, done.stderr
+    installed = {normalize(k): v for k, v in json.loads(done.stdout).items()}
+    assert installed.pop("kf-culler") == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert installed == {n: v for n, (v, _) in locked().items() if n not in ("pip", "setuptools")}
+
+
+def test_the_script_exports_an_oci_layout_of_the_image(image: Image) -> None:
+    """Beside the docker-archive, an OCI image layout tagged with the version: its manifest's config is the image's
+    (user 65532) and every blob it names is there."""
+    oci = image.archive.with_suffix(".oci")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert json.loads((oci / "oci-layout").read_text())["imageLayoutVersion"] == "1.0.0"
+
+    def blob(digest: str) -> Path:
+        algorithm, hexdigest = digest.split(":")
+        return oci / "blobs" / algorithm / hexdigest
+
+    (entry,) = json.loads((oci / "index.json").read_text())["manifests"]
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == version
+    manifest = json.loads(blob(entry["digest"]).read_text())
+    config = json.loads(blob(manifest["config"]["digest"]).read_text())
+    assert config["config"]["User"] == f"{UID}:{UID}"
+    layers = [blob(layer["digest"]) for layer in manifest["layers"]]
+    assert all(p.is_file() for p in layers)
+    print(f"image {image.ref}: OCI layout {sum(p.stat().st_size for p in layers) / 1e6:.0f} MB of layers")
 
 
 # --- the shipped configuration starts the image ------------------------------------------------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build kf-culler's container image from the repository's Dockerfile with podman, where no image registry
 # is reachable, and export it as a docker-archive (for `podman load`, `docker load`, `kind load image-archive`,
-# or `skopeo copy` to a registry).
+# or `skopeo copy` to a registry) and as an OCI image layout (for `skopeo copy oci:...`, crane, oras).
 #
 #   bash hack/image/build.sh
 #
@@ -17,8 +17,10 @@
 #   4. `podman build` of the Dockerfile with BASE_IMAGE set to that base, the machine's CA bundle and
 #      /etc/pip.conf mounted read-only into the build's RUN steps (pip reaches PyPI through them; neither is
 #      in the image), tagged localhost/kf-culler:<version> and labelled with the build key: the hash of the
-#      base, the Dockerfile, .dockerignore and every file the build context sends;
-#   5. `skopeo copy` to a docker-archive named kf-culler:<version>, in the cache.
+#      base, the Dockerfile, .dockerignore and every file the build context sends (requirements.lock, the
+#      locked dependencies, among them);
+#   5. `skopeo copy` to a docker-archive named kf-culler:<version> and to an OCI layout (a directory) tagged
+#      <version>, both in the cache; the image's size and the archive's are printed.
 #
 # Idempotent and cached by key: an image already built from the same files is not rebuilt (seconds); an
 # archive whose image left podman's storage is loaded back. One build at a time (a lock in the cache): a test
@@ -29,7 +31,8 @@
 #   KF_CULLER_BASE_IMAGE      a base image to use instead of the one made here
 #   KF_CULLER_DEBIAN_MIRROR   the Debian mirror for the base (default http://deb.debian.org/debian)
 #
-# Prints, on stdout, `image=...`, `archive=...`, `containers_conf=...` and `key=...` lines; the log goes to stderr.
+# Prints, on stdout, `image=...`, `archive=...`, `oci=...`, `containers_conf=...`, `key=...` and `size_mb=...` (the
+# image's size in podman's storage, uncompressed) lines; the log goes to stderr.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -139,6 +142,7 @@ EOF
 )
 image=localhost/kf-culler:$version
 archive=$CACHE/kf-culler-$version-$key.tar
+oci=$CACHE/kf-culler-$version-$key.oci
 label=io.kf-culler.build-key
 built_key() { podman image inspect --format "{{index .Labels \"$label\"}}" "$image" 2>/dev/null || true; }
 
@@ -170,6 +174,14 @@ if [ ! -s "$archive" ]; then
   skopeo copy --quiet "containers-storage:$image" "docker-archive:$archive.part:kf-culler:$version" >&2
   mv "$archive.part" "$archive"
 fi
-log "image $image: $(podman image inspect --format '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}'),"\
-" archive $(du -m "$archive" | cut -f1) MB"
-printf 'image=%s\narchive=%s\ncontainers_conf=%s\nkey=%s\n' "$image" "$archive" "$CONTAINERS_CONF" "$key"
+if [ ! -s "$oci/index.json" ]; then
+  log "exporting $image to $oci (OCI layout, tag $version)"
+  rm -rf "$CACHE"/kf-culler-*.oci "$oci.part"
+  skopeo copy --quiet "containers-storage:$image" "oci:$oci.part:$version" >&2
+  mv "$oci.part" "$oci"
+fi
+size_mb=$(podman image inspect --format '{{.Size}}' "$image" | awk '{printf "%.0f", $1/1e6}')
+log "image $image: $size_mb MB; docker-archive $(du -m "$archive" | cut -f1) MB;"\
+" OCI layout $(du -sm "$oci" | cut -f1) MB"
+printf 'image=%s\narchive=%s\noci=%s\ncontainers_conf=%s\nkey=%s\nsize_mb=%s\n' \
+  "$image" "$archive" "$oci" "$CONTAINERS_CONF" "$key" "$size_mb"
