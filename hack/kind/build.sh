@@ -274,6 +274,8 @@ build_node_image() { # build_node_image NODE_TARBALL COMPONENTS_TAR TAG
   grep -q 'restrict_oom_score_adj = true' "$fs/etc/containerd/config.toml" || die "kind's containerd config changed"
   # the Kubernetes binaries
   install -m 0755 "$BIN/kubelet" "$BIN/kubeadm" "$BIN/kubectl" "$fs/usr/bin/"
+  # kind's `kubeadm` (first on PATH) waits for the node's boot to end, then runs /usr/bin/kubeadm
+  install -m 0755 "$here/node/kubeadm-wait" "$fs/usr/local/bin/kubeadm"
   printf '%s\n' "$K8S_VERSION" > "$fs/kind/version"
   # pod network: Debian's CNI plugins where containerd looks (/opt/cni/bin), a static bridge config
   mkdir -p "$fs/opt/cni" "$fs/etc/cni/net.d"
@@ -301,6 +303,10 @@ build_node_image() { # build_node_image NODE_TARBALL COMPONENTS_TAR TAG
   docker_build "$tag" "$ctx"
   docker rmi "$tag.part" >/dev/null
   rm -rf "$fs" "$ctx"
+  # node images of earlier builds (1.2 GB each) that no container uses
+  local old; for old in $(docker images --format '{{.Repository}}:{{.Tag}}' "${tag%:*}"); do
+    [ "$old" = "$tag" ] || docker rmi "$old" >/dev/null 2>&1 || true
+  done
 }
 
 build_images() {

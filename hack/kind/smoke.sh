@@ -37,6 +37,8 @@ log "kind create cluster --name=$NAME --image=$KIND_NODE_IMAGE"
 t_created=$((SECONDS - t0))
 k wait --for=condition=Ready node --all --timeout=180s >&2
 t_ready=$((SECONDS - t0))
+# CoreDNS's pods exist only once the controller-manager has made them
+for _ in $(seq 1 180); do [ -n "$(k -n kube-system get pods -l k8s-app=kube-dns -o name)" ] && break; sleep 1; done
 k -n kube-system wait --for=condition=Ready pod -l k8s-app=kube-dns --timeout=180s >&2
 t_dns=$((SECONDS - t0))
 
