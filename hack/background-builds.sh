@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The long Go builds only a few tests need (Coder and Terraform, Open Data Hub's controllers and kube-rbac-proxy),
+# The long Go builds only a few tests need (Coder and Terraform, Open Data Hub's controllers and kube-rbac-proxy,
+# the kind backend: hack/kind/build.sh),
 # run by hack/test.sh in the background while the other tests run. Each build script takes a lock on its cache,
 # so a test harness that needs a binary before its build is done waits for it instead of building it twice.
 #
@@ -9,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 logs=${XDG_CACHE_HOME:-$HOME/.cache}/kf-culler/logs
 mkdir -p "$logs"
 status=0
-for build in hack/coder/build.sh hack/odh/build.sh; do
+for build in hack/coder/build.sh hack/odh/build.sh hack/kind/build.sh; do
   [ -f "$build" ] || continue
   name=$(basename "$(dirname "$build")")
   t0=$SECONDS
