@@ -15,9 +15,9 @@ from support.target import KubeTarget, Unavailable, open_target
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT.parent / "shared" / "scenarios"
 # Tests whose components hack/test.sh builds in the background while the others run (kf-culler's image, Coder,
-# Terraform, Open Data Hub's controllers: hack/background-builds.sh): they run last, and their harness waits for
-# the build.
-LATE = ("test_coder_", "test_image", "test_odh_")
+# Terraform, the kind backend, Open Data Hub's controllers: hack/background-builds.sh): they run last, and their
+# harness waits for the build.
+LATE = ("test_coder_", "test_image", "test_kind_", "test_odh_")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -115,11 +115,19 @@ def open_target() -> Iterator[KubeTarget]:
             target.apply_notebook_crd()
             yield target
         elif backend == "kind":
-            if not _docker_works():
-                raise Unavailable("KF_CULLER_TEST_CLUSTER=kind but no Docker engine answers `docker info`")
             from pytest_kind import KindCluster
 
-            kind = KindCluster("kf-culler-test")
+            from support.kind import KindUnavailable, kind_backend
+
+            try:  # hack/kind/build.sh: kind, the node image and its own Docker daemon (docs/kind.md)
+                built = kind_backend()
+            except KindUnavailable as why:
+                raise Unavailable(f"KF_CULLER_TEST_CLUSTER=kind but {why}") from why
+            os.environ["DOCKER_HOST"] = built.docker_host
+            if not _docker_works():
+                raise Unavailable("KF_CULLER_TEST_CLUSTER=kind but no Docker engine answers `docker info`")
+            kind = KindCluster("kf-culler-test", kubeconfig=workdir / "kind.kubeconfig", image=built.node_image,
+                               kind_path=built.kind_bin, kubectl_path=built.kubectl_bin)
             kind.create()
             try:
                 target = KubeTarget("kind", Path(kind.kubeconfig_path), workdir)

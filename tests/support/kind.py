@@ -1,0 +1,61 @@
+"""The kind backend hack/kind/build.sh makes (docs/kind.md): its binaries, node image and Docker daemon.
+
+What pytest-kind's options name (`--kind-bin`, `--kind-kubectl-bin`, `--kind-image`) come from the build's
+`env` file, so pytest-kind downloads nothing; DOCKER_HOST points kind at the build's own Docker daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from kf_culler.local.cluster import source_root
+
+BUILD = Path("hack") / "kind" / "build.sh"
+
+
+class KindUnavailable(RuntimeError):
+    """kind cannot be had on this machine; the message says why."""
+
+
+@dataclass(frozen=True)
+class KindBackend:
+    kind_bin: Path
+    kubectl_bin: Path
+    node_image: str
+    tools_image: str
+    docker_host: str
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "DOCKER_HOST": self.docker_host}
+
+    def load_image(self, cluster: str, image: str, workdir: Path) -> None:
+        """`docker save` IMAGE from the build's daemon and `kind load image-archive` it into CLUSTER."""
+        archive = workdir / "image.tar"
+        subprocess.run(["docker", "save", "-o", str(archive), image], env=self.env(), check=True)
+        subprocess.run([str(self.kind_bin), "load", "image-archive", "--name", cluster, str(archive)],
+                       env=self.env(), check=True, capture_output=True)
+        archive.unlink()
+
+
+def kind_backend() -> KindBackend:
+    """Build (or find cached) the kind backend; waits on the build's lock if hack/background-builds.sh runs it."""
+    root = source_root() or Path.cwd()
+    script = root / BUILD
+    if not script.is_file():
+        raise KindUnavailable(f"no {BUILD} under {root}")
+    if shutil.which("go") is None:
+        raise KindUnavailable("go is not on PATH (hack/kind/build.sh builds kind and the node's binaries)")
+    if os.geteuid() != 0:
+        raise KindUnavailable("hack/kind/build.sh runs its own Docker daemon and needs root")
+    done = subprocess.run(["bash", str(script), "all"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{BUILD} failed:\n{done.stderr[-4000:]}")
+    env_file = Path(done.stdout.strip().splitlines()[-1]) / "env"
+    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    return KindBackend(kind_bin=Path(values["KIND_BIN"]), kubectl_bin=Path(values["KUBECTL_BIN"]),
+                       node_image=values["KIND_NODE_IMAGE"], tools_image=values["KIND_TOOLS_IMAGE"],
+                       docker_host=values["DOCKER_HOST"])

@@ -1,0 +1,167 @@
+"""What only a real kubelet shows, on a kind cluster built here (hack/kind/build.sh, docs/kind.md).
+
+A session stopped the way the culler stops one (its StatefulSet scaled to 0) and started again: the old pod's
+container ends and its Service stops routing to it; the new pod's home volume (a PersistentVolumeClaim bound
+to a hostPath PersistentVolume) still holds the file written before the stop, while its /tmp starts empty.
+The cluster is made with pytest-kind's own command line from the local node image; nothing is pulled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from need import missing
+from support.kind import KindBackend, KindUnavailable, kind_backend
+
+CLUSTER = "kf-culler-kind-test"
+NS = "default"
+
+
+class Kind:
+    def __init__(self, backend: KindBackend, kubeconfig: Path, workdir: Path) -> None:
+        self.backend = backend
+        self.kubeconfig = kubeconfig
+        self.workdir = workdir
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        done = subprocess.run([str(self.backend.kubectl_bin), f"--kubeconfig={self.kubeconfig}", *args],
+                              input=stdin, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+
+@pytest.fixture(scope="module")
+def kind() -> Iterator[Kind]:
+    try:
+        backend = kind_backend()
+    except KindUnavailable as why:
+        missing("kind", why)
+    from pytest_kind import KindCluster
+
+    saved = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = backend.docker_host  # kind (run by pytest-kind) talks to the build's daemon
+    workdir = Path(tempfile.mkdtemp(prefix="kf-culler-kind-"))
+    cluster = KindCluster(CLUSTER, kubeconfig=workdir / "kubeconfig", image=backend.node_image,
+                          kind_path=backend.kind_bin, kubectl_path=backend.kubectl_bin)
+    cluster.delete()  # a cluster left by an interrupted run: start clean
+    try:
+        cluster.create()
+        kind = Kind(backend, workdir / "kubeconfig", workdir)
+        kind.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=300s")
+        backend.load_image(CLUSTER, backend.tools_image, workdir)
+        yield kind
+    finally:
+        cluster.delete()
+        if saved is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = saved
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 180) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def manifests(image: str) -> str:
+    return f"""
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: kf-home-session}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  storageClassName: standard
+  persistentVolumeReclaimPolicy: Delete
+  hostPath: {{path: /var/local/kf-home-session, type: DirectoryOrCreate}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: home, namespace: {NS}}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: standard
+  volumeName: kf-home-session
+  resources: {{requests: {{storage: 1Gi}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: session, namespace: {NS}}}
+spec:
+  selector: {{app: session}}
+  ports: [{{port: 80, targetPort: 8080}}]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {{name: session, namespace: {NS}}}
+spec:
+  replicas: 1
+  serviceName: session
+  selector: {{matchLabels: {{app: session}}}}
+  template:
+    metadata: {{labels: {{app: session}}}}
+    spec:
+      terminationGracePeriodSeconds: 5
+      containers:
+      - name: session
+        image: {image}
+        imagePullPolicy: Never
+        command: [socat, "TCP-LISTEN:8080,fork,reuseaddr", "SYSTEM:echo session"]
+        ports: [{{containerPort: 8080}}]
+        readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}
+        volumeMounts: [{{name: home, mountPath: /home/session}}]
+      volumes:
+      - name: home
+        persistentVolumeClaim: {{claimName: home}}
+"""
+
+
+def ready_endpoints(kind: Kind) -> list[str]:
+    """The addresses the Service routes to: its EndpointSlices' ready endpoints."""
+    slices = json.loads(kind.kubectl("get", "endpointslices", "-n", NS, "-l",
+                                     "kubernetes.io/service-name=session", "-o", "json"))["items"]
+    return [address for piece in slices for endpoint in piece.get("endpoints") or []
+            if (endpoint.get("conditions") or {}).get("ready") for address in endpoint["addresses"]]
+
+
+def pod_uid(kind: Kind) -> str:
+    return kind.kubectl("get", "pod", "-n", NS, "session-0", "--ignore-not-found", "-o", "jsonpath={.metadata.uid}")
+
+
+def test_a_stopped_session_keeps_its_home_loses_its_tmp_and_leaves_its_service(kind: Kind) -> None:
+    kind.kubectl("apply", "-f", "-", stdin=manifests(kind.backend.tools_image))
+    kind.kubectl("wait", "-n", NS, "--for=condition=Ready", "pod/session-0", "--timeout=180s")
+    first = pod_uid(kind)
+    ip = kind.kubectl("get", "pod", "-n", NS, "session-0", "-o", "jsonpath={.status.podIP}")
+    assert wait_for("the Service to route to the pod", lambda: ready_endpoints(kind) == [ip])
+    kind.kubectl("exec", "-n", NS, "session-0", "--", "sh", "-c",
+                 "echo kept > /home/session/notes && echo scratch > /tmp/scratch")
+
+    kind.kubectl("scale", "-n", NS, "statefulset/session", "--replicas=0")
+    wait_for("the stopped pod to be gone", lambda: pod_uid(kind) == "")
+    assert wait_for("the Service to stop routing to it", lambda: ready_endpoints(kind) == [])
+
+    kind.kubectl("scale", "-n", NS, "statefulset/session", "--replicas=1")
+    wait_for("a new pod", lambda: pod_uid(kind) not in ("", first))
+    kind.kubectl("wait", "-n", NS, "--for=condition=Ready", "pod/session-0", "--timeout=180s")
+    home = kind.kubectl("exec", "-n", NS, "session-0", "--", "cat", "/home/session/notes")
+    tmp = kind.kubectl("exec", "-n", NS, "session-0", "--", "ls", "-A", "/tmp")
+    assert home.strip() == "kept"
+    assert "scratch" not in tmp.split()
+    new_ip = kind.kubectl("get", "pod", "-n", NS, "session-0", "-o", "jsonpath={.status.podIP}")
+    assert wait_for("the Service to route to the new pod", lambda: ready_endpoints(kind) == [new_ip])
