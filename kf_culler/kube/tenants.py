@@ -14,7 +14,8 @@ a controller writes:
 
 A profile user cannot write these: Namespaces and Profiles are cluster-scoped, and the roles given in a
 namespace (Kubernetes' `admin` and `edit`, which `kubeflow-admin`/`kubeflow-edit` aggregate, OpenShift's
-project `admin`) allow `get`/`list`/`watch` of the Namespace, never `update` or `patch`. The Namespace is the
+project `admin`) allow `get`/`list`/`watch` of the Namespace, never `update` or `patch`; an update through
+OpenShift's Project API may change only its display name and description annotations. The Namespace is the
 read kf_culler/kube/namespaces.py makes for policy rules (one `get` per namespace per TTL); a Profile is read
 once per TTL, and only for a namespace with the profile-controller's annotation.
 """
