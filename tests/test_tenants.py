@@ -96,3 +96,41 @@ def test_a_namespace_admin_cannot_write_the_annotations_the_owner_is_read_from(
             core.patch_namespace(ns, {"metadata": {"annotations": {annotation: "someone-else"}}})
         assert refused.value.status == 403
     assert client.CoreV1Api(api).read_namespace(ns).metadata.annotations["openshift.io/requester"] == "mallory"
+
+
+def test_without_profiles_get_the_owner_annotation_stands_for_the_profile(
+        kube: Any, api: Any, profiles: None, made: dict[str, str],  # noqa: F811 (the imported fixture)
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A culler allowed to read Namespaces but not Profiles (the read-only dry-run install): the
+    profile-controller's annotation is the owner, the refusal is logged once and not asked again in the TTL."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    role = f"{made['plain']}-reader"
+    rbac.create_cluster_role({"metadata": {"name": role},
+                              "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}]})
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": role}]})
+    try:
+        reader = kube.api_client()
+        reader.set_default_header("Impersonate-User", role)
+        deadline = time.monotonic() + 30
+        while True:  # the binding takes a moment to be in force
+            try:
+                client.CoreV1Api(reader).read_namespace(made["kf"])
+                break
+            except ApiException as err:
+                if err.status != 403 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        owners = NamespaceOwners(reader, NamespaceLabels(reader))
+        assert owners(made["kf"]) == "alice@example.com"  # the annotation (its Profile says bob)
+        assert owners(made["kf-noprofile"]) == "carol@example.com"
+        assert owners(made["kf"]) == "alice@example.com"
+        assert owners.profile_reads == 2
+        assert sum("cannot read Profiles (HTTP 403)" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        with contextlib.suppress(ApiException):
+            rbac.delete_cluster_role_binding(role)
+        with contextlib.suppress(ApiException):
+            rbac.delete_cluster_role(role)

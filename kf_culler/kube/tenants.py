@@ -60,6 +60,7 @@ class NamespaceOwners:
         self.ttl, self.retry, self.timeout, self.clock = ttl, retry, timeout, clock
         self._profiles: dict[str, tuple[float, str | None]] = {}  # namespace -> (read at, spec.owner.name)
         self.profile_reads = 0
+        self._forbidden = False  # the culler may not read Profiles (said once)
 
     def __call__(self, namespace: str) -> str | None:
         annotations = self.namespaces.annotations(namespace)
@@ -78,6 +79,13 @@ class NamespaceOwners:
                                                             namespace, _request_timeout=self.timeout)
         except Exception as err:
             status = getattr(err, "status", None)
+            if status in (401, 403):  # not granted (the read-only dry-run install): said once, kept for the TTL
+                if not self._forbidden:
+                    log.warning("cannot read Profiles (HTTP %s); the profile-controller's owner annotation on "
+                                "each namespace stands for its Profile", status)
+                self._forbidden = True
+                self._profiles[namespace] = (now, None)
+                return None
             if status != 404:
                 log.warning("cannot read the Profile %s (%s); its namespace's owner annotation stands for it",
                             namespace, f"HTTP {status}" if status else type(err).__name__)
