@@ -32,13 +32,14 @@ holds against the same namespaces flapping for the rest of the window. The price
 a second fault within the window in the same namespaces does not trip that signal again; it trips another
 one, `stops` (its own signal), when the notebooks come due together.
 
-Why one tenant cannot trip a hold: a profile user controls their own namespace only. A trip needs events
-in at least min_namespaces namespaces; and with N namespaces in the population, one namespace moves the
-share by at most 1/N ≤ 1/min_namespaces, and `limits_problem` requires 1/min_namespaces < fleet_fraction,
-so a tenant alone (e.g. 500 notebooks of its own turned idle, or made to look so) stays under the
-threshold. A trip needs the notebooks of more than fleet_fraction × N namespaces, which is what a broken
-exporter or upgrade looks like. A user who is a contributor in min_namespaces profiles or more, on a fleet
-small enough, can trip each signal once per recount_minutes from those namespaces (see above).
+Why one tenant cannot trip a hold: a "namespace" here is a tenant (below), and the namespaces one user owns
+are one. A trip needs events in at least min_namespaces tenants; and with N tenants in the population, one
+moves the share by at most 1/N ≤ 1/min_namespaces, and `limits_problem` requires 1/min_namespaces <
+fleet_fraction, so a tenant alone (e.g. 500 notebooks of its own turned idle, or made to look so, in one
+namespace or in five of its own) stays under the threshold. A trip needs the notebooks of more than
+fleet_fraction × N tenants, which is what a broken exporter or upgrade looks like. A user who is a
+contributor in the profiles of min_namespaces other owners or more, on a fleet small enough, can trip each
+signal once per recount_minutes from those namespaces (see above).
 
 A hold lasts `hold_minutes` after the last trip (a trip in a pass always holds that pass's stops, even
 with `hold_minutes` 0), ends by itself, or ends when an admin's release (`released_at`, read by the shell
@@ -47,8 +48,11 @@ hold: a warning harms nobody. The caps (`max_*_per_pass`, 0 for none) are a sepa
 with the brakes disabled too, and let through the namespaces in turn, each one's stops due first (one
 tenant's many due stops take one place a round, not the whole cap).
 
-"Namespace" above is a session's `tenant` where the cycle gives one: a Coder workspace's is its Coder owner
-(all Coder workspaces are in the admin's one namespace; kf_culler/coder_sessions.py `fairness_key`).
+"Namespace" above is a session's `tenant` where the cycle gives one (kf_culler/coder_sessions.py
+`fairness_key`): a Coder workspace's is its Coder owner (all Coder workspaces are in the admin's one
+namespace); another session's is its namespace's owner where the user cannot forge it, a Kubeflow Profile's
+`spec.owner.name` or an OpenShift project's `openshift.io/requester` (read by the shell,
+kf_culler/kube/tenants.py), so that one user's profiles or projects weigh as one; else its namespace.
 
 Pure: no I/O, no clock, no logging; the shell passes `now` and keeps the returned `BrakeState`.
 """

@@ -116,14 +116,18 @@ def coder_session(ws: Mapping[str, Any], namespace: str, now: datetime) -> dict[
     }
 
 
-def fairness_key(key: tuple[str, str]) -> str:
+def fairness_key(key: tuple[str, str], owner: str | None = None) -> str:
     """Whose share a session takes where shares are fair (the notices' queue and rate, the brakes' weighting and
-    per-pass caps): its namespace, but for a Coder workspace (all of them in the admin's one namespace) its
-    Coder owner, `<namespace>/<owner>` (a `/` is in no namespace). `key` is the pass's key (`session_key`)."""
+    per-pass caps): for a Coder workspace (all of them in the admin's one namespace) its Coder owner,
+    `<namespace>/<owner>` (a `/` is in no namespace); else the owner of its namespace where one is known
+    (kf_culler/kube/tenants.py), `owner:<owner>` (a `:` is in no namespace), so that the namespaces of one user
+    take one share; else its namespace. `key` is the pass's key (`session_key`)."""
     namespace, name = key
     prefix = f"{CODER.kind}/"
     if name.startswith(prefix):
         return f"{namespace}/{name[len(prefix):].split('.', 1)[0]}"
+    if owner:
+        return f"owner:{owner}"
     return namespace
 
 

@@ -153,6 +153,9 @@ class Cycle:
     # A namespace's labels (kf_culler/kube/namespaces.py) for policy rules with a namespaceSelector; it
     # answers None when they are unknown. Not set: no namespaceSelector matches.
     namespace_labels: Callable[[str], Mapping[str, str] | None] | None = None
+    # A namespace's owner where the user cannot forge it (kf_culler/kube/tenants.py), or None; the namespaces of
+    # one owner take one share in the brakes and the notices' queue (`tenant`). Not set: each namespace is one.
+    namespace_owner: Callable[[str], str | None] | None = None
     # Notebooks whose probes were slow in the previous pass: probed by workers of their own (gather), replaced
     # by this pass's after its gather.
     slow: set[tuple[str, str]] = field(default_factory=set)
@@ -339,8 +342,10 @@ class Cycle:
         deferred warnings, become keeps that say why."""
         if self.brakes is None:
             return None
+        owners = {ns: self.owner_of(ns) for ns in {j.sel.key[0] for j in judged}}  # one look-up a namespace
         seen = [Seen(j.sel.key[0], j.sel.key[1], j.sel.view.pod_start is not None, j.sel.view.gpus > 0,
-                     j.verdict.state, self._brake_action(j), j.verdict.stop_at, fairness_key(j.sel.key))
+                     j.verdict.state, self._brake_action(j), j.verdict.stop_at,
+                     fairness_key(j.sel.key, owners[j.sel.key[0]]))
                 for j in judged]
         outcome = apply_brakes(seen, self.brake_state, self.brakes, now, self.released_at)
         for j in judged:
@@ -358,6 +363,10 @@ class Cycle:
             j.held, j.why = frozenset({v.action}), why
             j.verdict = j.restrain(v)
         return outcome
+
+    def owner_of(self, namespace: str) -> str | None:
+        """The namespace's owner (`namespace_owner`), None when unknown or not looked up."""
+        return self.namespace_owner(namespace) if self.namespace_owner is not None else None
 
     @staticmethod
     def _brake_action(j: Judged) -> str:
@@ -666,7 +675,8 @@ class Cycle:
                                           "kf_culler.conflicts": result.write.conflicts,
                                           "kf_culler.event": result.write.event or "none"})
                     if self.notifier is not None:
-                        self.notifier.offer_result(result, policy.max_extend_minutes)  # before it goes
+                        self.notifier.offer_result(result, policy.max_extend_minutes,  # before it goes
+                                                   fairness_key(sel.key, self.owner_of(ns)))
                     if self.on_written is not None and result.write.notebook is not None:
                         self.on_written(result.write.notebook)
                         result.write.notebook = None

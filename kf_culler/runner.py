@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
     from kf_culler.kube.namespaces import NamespaceLabels
+    from kf_culler.kube.tenants import NamespaceOwners
     from kf_culler.notify.notifier import Notifier
 
 log = logging.getLogger("kf_culler")
@@ -120,7 +121,9 @@ class Runner:
     tracer: Tracer | None = None
     notifier: Notifier | None = None  # notices of warnings and stops, or None
     _sources: tuple[BulkSource | None, BulkSource | None] | None = None
-    namespace_labels: NamespaceLabels | None = None  # made when rules need it
+    namespace_labels: NamespaceLabels | None = None  # made when rules need it, or for namespace_owners
+    # Whose namespace it is (kf_culler/kube/tenants.py), for the brakes and the notices' queue; made on first use.
+    namespace_owners: NamespaceOwners | None = None
     policies: PolicyKeeper | None = None  # kf-culler-probes per namespace (istio.manageAuthorizationPolicies)
     clock: Clock = utcnow  # where each pass reads the time (tests and replays set it)
     slow: set[tuple[str, str]] = field(default_factory=set)  # notebooks slow to answer last pass
@@ -174,6 +177,13 @@ class Runner:
             from kf_culler.kube.namespaces import NamespaceLabels
 
             self.namespace_labels = NamespaceLabels(self.api)
+        if (self.brakes or (writer is not None and self.notifier is not None)) and self.namespace_owners is None:
+            from kf_culler.kube.namespaces import NamespaceLabels
+            from kf_culler.kube.tenants import NamespaceOwners
+
+            if self.namespace_labels is None:
+                self.namespace_labels = NamespaceLabels(self.api)
+            self.namespace_owners = NamespaceOwners(self.api, self.namespace_labels)
         cache = self.cache
         if cache is not None:
             if self.records is None:
@@ -187,6 +197,7 @@ class Runner:
             on_result=self.on_result, on_written=on_written, on_observed=self.on_observed,
             clock=self.clock, notifier=self.notifier if writer is not None else None, slow=self.slow,
             namespace_labels=self.namespace_labels if self.settings.needs_namespace_labels else None,
+            namespace_owner=self.namespace_owners,
             records=self.records if cache is not None else None,
             nodes=cache.node if cache is not None and cache.reads_nodes else None,
             service_problem=cache.service_problem if cache is not None else None,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes, limits_problem
+from kf_culler.coder_sessions import fairness_key
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 LIMITS = BrakeLimits()
@@ -342,12 +343,13 @@ def test_one_namespace_with_many_stops_due_takes_one_place_a_round() -> None:
 
 def flapping_night(passes: int, profiles: int, *, others: int = 0, zero_at: int | None = None,
                    released_at: datetime | None = None, limits: BrakeLimits = LIMITS,
-                   rename: bool = False) -> list[Outcome]:
+                   rename: bool = False, owners: Mapping[str, str] | None = None) -> list[Outcome]:
     """One pass a minute. A user who is a contributor in `profiles` profiles flips one GPU notebook in each
     between active and idle every other pass; the namespace `night` has one GPU notebook idle and due to stop
     in every pass (as a new one would come due); `others` namespaces have a GPU notebook at work, until pass
     `zero_at`, from which on every GPU reads 0 (a restarted dcgm-exporter). `rename`: the flipped notebook is a
-    new one every two passes (`flip-<n>`)."""
+    new one every two passes (`flip-<n>`). `owners`: the owner of each namespace named (kf_culler/kube/tenants.py),
+    the sessions' tenant as the cycle gives it (kf_culler/coder_sessions.py `fairness_key`)."""
     state, outcomes = BrakeState(), []
     for i in range(passes):
         zeroed = zero_at is not None and i >= zero_at
@@ -356,6 +358,8 @@ def flapping_night(passes: int, profiles: int, *, others: int = 0, zero_at: int 
                 for p in range(profiles)]
         seen += [nb("night", "due", "idle", "stop", stop_at=minutes(i - 1))]
         seen += [nb(f"team-{t}", "work", "idle" if zeroed else "active") for t in range(others)]
+        if owners is not None:
+            seen = [replace(s, tenant=fairness_key((s.namespace, s.name), owners.get(s.namespace))) for s in seen]
         release = released_at if released_at is not None and released_at <= minutes(i) else None  # as read
         out = apply_brakes(seen, state, limits, minutes(i), release)
         outcomes.append(out)
@@ -387,6 +391,28 @@ def test_a_tenant_flipping_notebooks_in_three_profiles_trips_once_a_window() -> 
     held = held_passes(outcomes)
     assert held == list(range(1, 61))  # the trip at minute 1 holds until minute 61
     assert outcomes[-1].state.spent["newly-idle:gpu"].keys() == {f"mallory-{p}" for p in range(3)}
+
+
+@pytest.mark.parametrize("projects", [3, 5])
+def test_one_owner_flipping_notebooks_in_several_projects_holds_no_stop(projects: int) -> None:
+    """The same night, the namespaces being one user's OpenShift projects (or Kubeflow profiles): weighed by their
+    owner, they are one tenant, under brakes.minNamespaces, so no pass of 300 trips and the due stop of the
+    namespace `night` is never held (weighed per namespace, three of them held it for holdMinutes a window)."""
+    owners = {f"mallory-{p}": "mallory@example.com" for p in range(projects)}
+    outcomes = flapping_night(300, profiles=projects, owners=owners)
+    assert all(out.trips == () for out in outcomes)
+    assert held_passes(outcomes) == []
+    assert max(out.shares["newly-idle:gpu"] for out in outcomes) == pytest.approx(1 / 2)  # one of two tenants
+
+
+def test_three_owners_flipping_notebooks_together_still_trip() -> None:
+    """Control: the same flips by three different owners (or in namespaces with no owner known) are what a
+    broken exporter looks like, and trip the brakes as before."""
+    owners = {f"mallory-{p}": f"user-{p}@example.com" for p in range(3)}
+    for given in (owners, {}):
+        outcomes = flapping_night(300, profiles=3, owners=given)
+        assert [i for i, out in enumerate(outcomes) if out.trips] == [1]
+        assert held_passes(outcomes) == list(range(1, 61))
 
 
 def test_new_notebooks_of_the_same_namespaces_do_not_count_again_either() -> None:

@@ -98,14 +98,15 @@ def gpus(prometheus_binary: str) -> Iterator[GpuMetrics]:  # noqa: F811 (the imp
 
 
 @pytest.fixture()
-def tenants(api: Any, namespace: str) -> Iterator[Callable[[int], list[str]]]:
-    """Makes fresh profile namespaces `<namespace>-<i>` (the `namespace` fixture is the culler's own)."""
+def tenants(api: Any, namespace: str) -> Iterator[Callable[..., list[str]]]:
+    """Makes fresh profile namespaces `<namespace>-<i>` (the `namespace` fixture is the culler's own), with the
+    annotations given (as an admin or a controller writes them)."""
     made: list[str] = []
 
-    def make(count: int) -> list[str]:
+    def make(count: int, annotations: dict[str, str] | None = None) -> list[str]:
         names = [f"{namespace}-{len(made) + i}" for i in range(count)]
         for name in names:
-            obj.create_namespace(api, name)
+            obj.create_namespace(api, name, annotations)
         made.extend(names)
         return names
 
@@ -343,7 +344,7 @@ def idle_cpu_fleet(api: Any, namespaces: Sequence[str]) -> tuple[list[Key], list
 
 
 def test_the_stop_cap_lets_the_earliest_due_out_five_a_pass(
-        api: Any, namespace: str, tenants: Callable[[int], list[str]], jupyter: FaultyServer) -> None:
+        api: Any, namespace: str, tenants: Callable[..., list[str]], jupyter: FaultyServer) -> None:
     """8 namespaces x 2 idle notebooks all due at once, brakes off, maxStopsPerPass 5: each pass stops the five
     due first (earliest idle clock) and defers the rest with a reason; 5, 5, 5, then the last one."""
     namespaces = tenants(8)
@@ -386,7 +387,7 @@ def test_the_stop_cap_lets_the_earliest_due_out_five_a_pass(
 
 
 def test_the_first_pass_on_an_idle_fleet_trips_the_stops_brake(
-        api: Any, namespace: str, tenants: Callable[[int], list[str]], jupyter: FaultyServer) -> None:
+        api: Any, namespace: str, tenants: Callable[..., list[str]], jupyter: FaultyServer) -> None:
     """The same fleet with the brakes on (default fraction): a fresh culler's first pass finds every notebook
     due at once, which is the mass stop to brake: `stops` trips and every stop is held (the cap does not apply
     to held stops). After a release the cap lets out five a pass, the earliest due first."""
@@ -420,3 +421,29 @@ def test_the_first_pass_on_an_idle_fleet_trips_the_stops_brake(
         assert third.brakes.deferred_stops == frozenset(due[5:])
         assert stopped_on_server(api, namespaces) == set(due[:5])
         assert sample(metrics, "kf_culler_brakes_held") == 0
+
+
+def test_one_users_projects_are_one_tenant_and_trip_no_hold(
+        api: Any, namespace: str, tenants: Callable[..., list[str]], jupyter: FaultyServer) -> None:
+    """The first pass on an idle fleet of four namespaces, three of them one user's OpenShift projects (their
+    `openshift.io/requester`, set by the project request API): two tenants, under brakes.minNamespaces, so
+    nothing trips and every due stop goes out (weighed per namespace, the four tripped `stops` and held them
+    all). Control: the same fleet of four owners trips `stops` and holds every stop."""
+    mine = tenants(3, {"openshift.io/requester": "mallory"})
+    fleet = [*mine, *tenants(1)]
+    keys, _ = idle_cpu_fleet(api, fleet)
+    runner, _ = culler(settings(fleet, jupyter), api, namespace)
+    with runner:
+        first = runner.once()
+        assert first.brakes is not None and first.brakes.trips == () and not first.brakes.held, first.brakes
+        assert first.brakes.shares["stops"] == 1.0
+        assert stopped_on_server(api, fleet) == set(keys)
+
+    owned = [name for owner in ("ann", "bea", "cid", "dan") for name in tenants(1, {"openshift.io/requester": owner})]
+    keys, _ = idle_cpu_fleet(api, owned)
+    runner, _ = culler(settings(owned, jupyter), api, namespace)
+    with runner:
+        first = runner.once()
+        assert first.brakes is not None and first.brakes.trips == ("stops",) and first.brakes.held
+        assert first.brakes.held_stops == frozenset(keys)
+        assert stopped_on_server(api, owned) == set()

@@ -55,3 +55,24 @@ def test_join_waits_for_every_notice() -> None:
     q.task_done()
     q.join()
     assert q.unfinished_tasks == 0
+
+
+def test_one_owners_namespaces_share_one_queue() -> None:
+    """The notifier queues a notice under the tenant the pass gives (kf_culler/coder_sessions.py `fairness_key`):
+    one owner's notices from three namespaces of theirs share one queue's bound (queuePerNamespace 2), while a
+    namespace with no owner known has its own."""
+    from datetime import UTC, datetime
+
+    from kf_culler.coder_sessions import fairness_key
+    from kf_culler.config import load_mapping
+    from kf_culler.notify.message import Notice
+    from kf_culler.notify.notifier import Notifier
+
+    settings = load_mapping({"notifications": {"queuePerNamespace": 2}}, "test").operations.notifications
+    notifier = Notifier(settings)  # not started: the queue keeps what is offered
+    owners = {"proj-a": "mallory", "proj-b": "mallory", "proj-c": "mallory"}
+    taken = {}
+    for ns in ("proj-a", "proj-b", "proj-c", "team-x"):
+        notice = Notice("warn", ns, "nb", None, "idle", "idle", "default", datetime(2026, 12, 1, tzinfo=UTC), None)
+        taken[ns] = notifier.offer(notice, fairness_key((ns, "nb"), owners.get(ns)))
+    assert taken == {"proj-a": True, "proj-b": True, "proj-c": False, "team-x": True}

@@ -1,8 +1,10 @@
-"""Namespace labels for policy rules with a namespaceSelector (kf_culler/policy.py).
+"""Namespace labels for policy rules with a namespaceSelector (kf_culler/policy.py), and annotations for whose
+namespace it is (kf_culler/kube/tenants.py).
 
 A `get` of each Namespace the notebooks live in (the ClusterRole's `namespaces: get`, which a namespaced
-deployment can also be given), remembered for `ttl` seconds: no list or watch of every Namespace.
-Labels read once are kept through later failures; never read, they are unknown (None) and no
+deployment can also be given), remembered for `ttl` seconds: no list or watch of every Namespace; one read
+gives both the labels and the annotations.
+What was read once is kept through later failures; never read, it is unknown (None) and no
 namespaceSelector matches.
 """
 
@@ -23,32 +25,44 @@ class NamespaceLabels:
 
         self.core = client.CoreV1Api(api_client)
         self.ttl, self.retry, self.timeout, self.clock = ttl, retry, timeout, clock
-        self._known: dict[str, tuple[float, dict[str, str]]] = {}  # namespace -> (read at, labels)
+        # namespace -> (read at, labels, annotations)
+        self._known: dict[str, tuple[float, dict[str, str], dict[str, str]]] = {}
         self._failed: dict[str, float] = {}  # namespace -> when reading it last failed
         self.reads = 0
 
     def __call__(self, namespace: str) -> dict[str, str] | None:
         """The namespace's labels; None when they have never been read."""
+        known = self._read(namespace)
+        return known[1] if known is not None else None
+
+    def annotations(self, namespace: str) -> dict[str, str] | None:
+        """The namespace's annotations (from the same read as its labels); None when never read."""
+        known = self._read(namespace)
+        return known[2] if known is not None else None
+
+    def _read(self, namespace: str) -> tuple[float, dict[str, str], dict[str, str]] | None:
         now = self.clock()
         known = self._known.get(namespace)
         if known is not None and now - known[0] < self.ttl:
-            return known[1]
+            return known
         failed = self._failed.get(namespace)
         if failed is not None and now - failed < self.retry:
-            return known[1] if known is not None else None
+            return known
         self.reads += 1
         try:
             obj = self.core.read_namespace(namespace, _request_timeout=self.timeout)
             raw = obj.metadata.labels or {}
+            raw_annotations = obj.metadata.annotations or {}
         except Exception as err:
             self._failed[namespace] = now
             status = getattr(err, "status", None)
-            log.warning("cannot read the labels of namespace %s (%s); %s", namespace,
+            log.warning("cannot read namespace %s (%s); %s", namespace,
                         f"HTTP {status}" if status else type(err).__name__,
-                        "keeping the labels read before" if known is not None
-                        else "no policy rule's namespaceSelector matches it until they can be read")
-            return known[1] if known is not None else None
-        labels = {str(k): str(v) for k, v in raw.items()}
-        self._known[namespace] = (now, labels)
+                        "keeping the labels and annotations read before" if known is not None
+                        else "no policy rule's namespaceSelector matches it, and it is its own tenant, until it "
+                        "can be read")
+            return known
+        read = (now, {str(k): str(v) for k, v in raw.items()}, {str(k): str(v) for k, v in raw_annotations.items()})
+        self._known[namespace] = read
         self._failed.pop(namespace, None)
-        return labels
+        return read

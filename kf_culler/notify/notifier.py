@@ -104,16 +104,17 @@ class Notifier:
         return notifier
 
     # -- the pass's side: never blocks --------------------------------------------------------------
-    def offer_result(self, result: Any, max_extend_minutes: float = 0.0) -> bool:
-        """A pass's result (kf_culler.cycle.NotebookResult), with its policy's maxExtendMinutes."""
+    def offer_result(self, result: Any, max_extend_minutes: float = 0.0, tenant: str | None = None) -> bool:
+        """A pass's result (kf_culler.cycle.NotebookResult), with its policy's maxExtendMinutes and whose share
+        of the queue it takes (kf_culler/coder_sessions.py `fairness_key`; None: the key's own)."""
         notice = notice_for(result, max_extend_minutes)
-        return notice is not None and self.offer(notice)
+        return notice is not None and self.offer(notice, tenant)
 
-    def offer(self, notice: Notice) -> bool:
+    def offer(self, notice: Notice, tenant: str | None = None) -> bool:
         if notice.kind not in self.settings.kinds:
             return False
         try:
-            self.queue.put_nowait(fairness_key(notice.key), notice)
+            self.queue.put_nowait(tenant or fairness_key(notice.key), notice)
             return True
         except queue.Full:
             outcome, why = "dropped", "notification queue full (in all, or for this namespace)"
