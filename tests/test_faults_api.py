@@ -265,6 +265,7 @@ def test_a_stop_lands_despite_a_users_write_loop(api: Any, ns: str, faulty: Faul
 
         cycle.writer.custom.get_namespaced_custom_object = get_then_user_writes
         result = cycle.run(runner.cache.snapshot())
+        assert result.wait_events(60)  # the runner's passes send their Events after the patches, in the background
     finally:
         runner.cache.close()
     by = {r.name: r for r in result.results}
