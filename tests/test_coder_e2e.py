@@ -22,7 +22,10 @@ from the decision to its pod Running is printed; docs/performance.md); (e) that 
 GPU while its build says `running`, is `starting`; (c) a workspace with GPU work and no connection is kept;
 (b) a workspace with a real `coder agent` connected and use reported (`POST /usage`, what Coder's IDE clients send)
 but an idle GPU follows connectedGpuIdleMinutes; (d) a template admin's token (it may read every workspace, not
-stop one) is refused with a clear error, nothing stopped; (f) Coder unreachable: no signal, nothing stopped.
+stop one) is refused with a clear error, nothing stopped; (f) Coder unreachable: no signal, nothing stopped;
+(g) a plain member who makes more workspaces than coder.maxWorkspaces with their own token: the first
+maxWorkspaces by owner, name and id are judged (another member's idle one among them is stopped), the others are
+counted (kf_culler_coder_workspaces_unjudged, a log line) and left running, though idle.
 """
 
 from __future__ import annotations
@@ -55,8 +58,10 @@ from kf_culler.local.coder import (
 )
 from kf_culler.local.prometheus import Exposition, FakeGpu, Prometheus, dcgm_exposition, find_prometheus, static_job
 from kf_culler.local.prometheus import Unavailable as PrometheusUnavailable
+from kf_culler.metrics import Metrics
 from kf_culler.plan import EVENT_STOP
 from kf_culler.runner import Runner
+from kf_culler.service import instrument
 
 pytestmark = pytest.mark.cluster
 TIMEOUT = 90.0
@@ -221,11 +226,12 @@ def site(world: World) -> Iterator[tuple[World, Template]]:
 
 
 def culler(world: World, namespace: str, token_file: Path | None = None, url: str | None = None,
-           **policy: Any) -> Runner:
+           max_workspaces: int | None = None, **policy: Any) -> Runner:
+    cap = {} if max_workspaces is None else {"maxWorkspaces": max_workspaces}
     settings = load_mapping({
         "targets": ["coder"],
         "coder": {"url": url or world.coder.url, "tokenFile": str(token_file or world.token_file),
-                  "namespace": namespace, "pageSize": 2, "timeoutSeconds": 5},
+                  "namespace": namespace, "pageSize": 2, "timeoutSeconds": 5, **cap},
         "prometheus": {"url": world.gpus.prometheus.url if world.gpus.prometheus else None, "stepSeconds": 1},
         "warnMinutes": 0, "startupGraceMinutes": 0, **policy}, "test")
     return Runner(settings, world.api, records_namespace=namespace)
@@ -383,3 +389,74 @@ def test_coder_unreachable_is_no_signal_and_nothing_is_stopped(site: tuple[World
     finally:
         relay.close()
     assert coder.get(f"/api/v2/workspaces/{ws['id']}")["latest_build"]["transition"] == "start"
+
+
+def test_a_member_with_more_workspaces_than_max_leaves_the_rest_unjudged_and_another_idle_one_is_stopped(
+        site: tuple[World, Template], caplog: pytest.LogCaptureFixture) -> None:
+    """(g) As the tenant: a plain member makes, with their own token, more workspaces than coder.maxWorkspaces
+    (here 2). Before, the whole listing failed and no Coder workspace was judged (after a restart, none ever):
+    another member's idle GPU workspace kept its GPU. Now the first 2 by owner, workspace name and id are judged
+    (the user names sort before the other tests' users, so they are these two; Coder's own list puts running
+    workspaces first, then owner and name, so they are also within the 4 x maxWorkspaces the culler reads), the
+    rest are counted and left as they are: idle, but never stopped. A dry run without the cap shows those others
+    were due, so what spared them is the cap, not the policy."""
+    world, template = site
+    coder, ns = world.coder, template.namespace
+    cap = 2
+    other = coder.create_member(f"0a-{ns[-8:]}")  # sorts first: its one workspace is judged
+    tenant = coder.create_member(f"0b-{ns[-8:]}")
+    # made in the reverse of the judged order: the order is by name, not by when they were made
+    extra = [running_gpu(world, template, tenant, name, GPU_NODE, util=0)[0] for name in ("ws-2", "ws-1")]
+    busy, _ = running_gpu(world, template, tenant, "ws-0", GPU_NODE, util=85)
+    idle, _ = running_gpu(world, template, other, "idle", HANDOFF_NODE, util=0)
+    every = coder.get("/api/v2/workspaces?limit=100")  # as the site owner: every workspace of this Coder
+    assert every["count"] == len(every["workspaces"])
+    first = sorted((w["owner_name"], w["name"], w["id"]) for w in every["workspaces"])[:cap]
+    judged = [f"CoderWorkspace/{owner}.{name}" for owner, name, _ in first]
+    assert judged == [f"CoderWorkspace/{other.username}.idle", f"CoderWorkspace/{tenant.username}.ws-0"]
+    # at most 4 x maxWorkspaces are read per pass (docs/configuration.md, coder.maxWorkspaces)
+    unjudged = min(every["count"], 4 * cap) - cap
+    metrics = Metrics()
+    with culler(world, ns, max_workspaces=cap, idleMinutes=0.1) as runner, caplog.at_level("WARNING"):
+        instrument(runner, metrics)
+        deadline = time.monotonic() + 60
+        while True:
+            result = runner.once()
+            assert sorted(r.name for r in result.results) == judged
+            kept = result_for(result.results, tenant, "ws-0").verdict
+            assert (kept.action, kept.state) == ("keep", "active"), kept
+            assert not any(ws["id"] in template.scaled for ws in extra)
+            a = result_for(result.results, other, "idle")
+            if a.verdict.action == "stop":
+                break
+            assert time.monotonic() < deadline, a.verdict
+            time.sleep(1)
+        assert a.verdict.state == "idle" and a.verdict.rule == "10-idle", a.verdict
+        assert a.write is not None and a.write.outcome == "patched", a.write
+        assert runner.coder_unjudged == unjudged and runner.coder_problem is None
+    assert f"kf_culler_coder_workspaces_unjudged {float(unjudged)}".encode() in metrics.render()
+    assert f"{unjudged} more than coder.maxWorkspaces ({cap})" in caplog.text
+    build = coder.get(f"/api/v2/workspaces/{idle['id']}")["latest_build"]
+    assert build["transition"] == "stop" and build["initiator_name"] == world.culler_user
+    procs.wait_until(lambda: idle["id"] in template.scaled, TIMEOUT, 0.2, "the stopped workspace scaled to 0")
+    for ws in (*extra, busy):
+        assert coder.get(f"/api/v2/workspaces/{ws['id']}")["latest_build"]["transition"] == "start"
+        assert template.running(ws) is not None and ws["id"] not in template.scaled
+    events = [e for e in world.core.list_namespaced_event(ns).items if e.reason == EVENT_STOP]
+    assert [e.involved_object.name for e in events] == [template.workspaces[idle["id"]]]
+    # the others were due: judged without the cap (a dry run: nothing written), they would be stopped as idle
+    with culler(world, ns, idleMinutes=0.1, dryRun=True) as runner:
+        deadline = time.monotonic() + 60
+        while True:
+            result = runner.once()
+            assert result_for(result.results, other, "idle").verdict.state == "stopped"
+            due = [result_for(result.results, tenant, ws["name"]).verdict for ws in extra]
+            if all(v.action == "stop" for v in due):
+                break
+            assert time.monotonic() < deadline, due
+            time.sleep(1)
+        assert all(v.state == "idle" and v.rule == "10-idle" for v in due), due
+        assert all(r.write is None or r.write.outcome != "patched" for r in result.results)
+    for ws in extra:
+        assert coder.get(f"/api/v2/workspaces/{ws['id']}")["latest_build"]["transition"] == "start"
+    assert not template.errors, template.errors
