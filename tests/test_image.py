@@ -314,24 +314,7 @@ def test_the_rendered_overlay_starts_the_culler_from_the_image(image: Image, kub
     flags, command, args = _podman_flags(deployment, config_maps, tmp_path, culler_namespace, pod_name)
     args, ports = _loopback(args)
 
-    # What a pod of the ServiceAccount gets: its token, the cluster's CA and its namespace at the in-cluster
-    # path, and the API server's address in the environment.
-    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    token = client.CoreV1Api(api).create_namespaced_service_account_token(
-        sa, culler_namespace, {"spec": {"expirationSeconds": 3600}}).status.token
-    server, ca = kube._server_and_ca()
-    host, port = server.removeprefix("https://").rsplit(":", 1)
-    assert host in ("127.0.0.1", "localhost"), server
-    secrets = tmp_path / "serviceaccount"
-    secrets.mkdir()
-    (secrets / "token").write_text(token)
-    (secrets / "ca.crt").write_bytes(ca.read_bytes())
-    (secrets / "namespace").write_text(culler_namespace)
-    for f in secrets.iterdir():
-        f.chmod(0o644)
-    secrets.chmod(0o755)
-    flags += [f"--volume={secrets}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
-              f"--env=KUBERNETES_SERVICE_HOST={host}", f"--env=KUBERNETES_SERVICE_PORT={port}"]
+    flags += _in_cluster_identity(api, kube, deployment, culler_namespace, tmp_path)
 
     name = f"kf-culler-test-{uuid.uuid4().hex[:8]}"
     started = image.podman("run", "--detach", f"--name={name}", "--network=host", *flags,
@@ -409,7 +392,7 @@ def test_check_in_the_image_judges_an_idle_and_a_busy_jupyter(image: Image, kube
     port 80 of a loopback address of its own, and the container's /etc/hosts (podman --add-host) maps the
     Service's name to it, as the cluster's DNS and the Service would. The container shares the machine's network
     to reach the API server on loopback."""
-    from kubernetes import client, utils
+    from kubernetes import utils
 
     from kf_culler.local.jupyter import JupyterServer
 
@@ -422,22 +405,7 @@ def test_check_in_the_image_judges_an_idle_and_a_busy_jupyter(image: Image, kube
     flags, command, run_args = _podman_flags(deployment, config_maps, tmp_path, culler_namespace, "kf-culler-check")
     config = run_args[run_args.index("--config"):run_args.index("--config") + 2]
 
-    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    token = client.CoreV1Api(api).create_namespaced_service_account_token(
-        sa, culler_namespace, {"spec": {"expirationSeconds": 3600}}).status.token
-    server, ca = kube._server_and_ca()
-    host, port = server.removeprefix("https://").rsplit(":", 1)
-    assert host in ("127.0.0.1", "localhost"), server
-    secrets = tmp_path / "serviceaccount"
-    secrets.mkdir()
-    (secrets / "token").write_text(token)
-    (secrets / "ca.crt").write_bytes(ca.read_bytes())
-    (secrets / "namespace").write_text(culler_namespace)
-    for f in secrets.iterdir():
-        f.chmod(0o644)
-    secrets.chmod(0o755)
-    flags += [f"--volume={secrets}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
-              f"--env=KUBERNETES_SERVICE_HOST={host}", f"--env=KUBERNETES_SERVICE_PORT={port}"]
+    flags += _in_cluster_identity(api, kube, deployment, culler_namespace, tmp_path)
 
     # The configuration the container reads: the ConfigMap of the volume mounted where `--config` points.
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -479,3 +447,27 @@ def test_check_in_the_image_judges_an_idle_and_a_busy_jupyter(image: Image, kube
     assert since is not None and stop_at is not None, idle
     assert abs((since - parse_time(idle_kernel["last_activity"])).total_seconds()) < 2, (idle, idle_kernel)
     assert (stop_at - since).total_seconds() == rendered_config["idleMinutes"] * 60, idle
+
+
+def _in_cluster_identity(api: Any, kube: Any, deployment: dict[str, Any], culler_namespace: str,
+                         tmp_path: Path) -> list[str]:
+    """What a pod of the rendered ServiceAccount gets: a TokenRequest token, the cluster's CA and its namespace at
+    the in-cluster path, and the API server's address in the environment (podman flags)."""
+    from kubernetes import client
+
+    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    token = client.CoreV1Api(api).create_namespaced_service_account_token(
+        sa, culler_namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+    server, ca = kube._server_and_ca()
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    assert host in ("127.0.0.1", "localhost"), server
+    secrets = tmp_path / "serviceaccount"
+    secrets.mkdir()
+    (secrets / "token").write_text(token)
+    (secrets / "ca.crt").write_bytes(ca.read_bytes())
+    (secrets / "namespace").write_text(culler_namespace)
+    for f in secrets.iterdir():
+        f.chmod(0o644)
+    secrets.chmod(0o755)
+    return [f"--volume={secrets}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+            f"--env=KUBERNETES_SERVICE_HOST={host}", f"--env=KUBERNETES_SERVICE_PORT={port}"]
