@@ -331,7 +331,11 @@ def test_the_rendered_overlay_starts_the_culler_from_the_image(image: Image, kub
             time.sleep(1)
         logs = image.podman("logs", name)
         assert ready[0] == 200, f"/readyz: {ready}\n{logs.stdout[-4000:]}{logs.stderr[-4000:]}"
-        assert "pass done" in logs.stdout + logs.stderr
+        # Ready once the caches are synced: the first pass may still be under way.
+        while "pass done" not in logs.stdout + logs.stderr and time.monotonic() < deadline:
+            time.sleep(1)
+            logs = image.podman("logs", name)
+        assert "pass done" in logs.stdout + logs.stderr, logs.stderr[-4000:]
         # The leader: this pod, through the Lease the rendered Role lets it hold in its own namespace.
         lease = client.CoordinationV1Api(api).read_namespaced_lease("kf-culler", culler_namespace)
         assert lease.spec.holder_identity == pod_name

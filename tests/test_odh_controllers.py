@@ -29,6 +29,7 @@ import pytest
 import yaml
 from need import missing
 
+from kf_culler.kube.labels import CREATED
 from kf_culler.local import procs
 from kf_culler.local.cluster import GPU_NODE, LocalCluster
 from kf_culler.local.odh import (
@@ -632,7 +633,7 @@ def test_the_culler_reads_kernels_through_the_proxy_with_the_probers_token_only(
             assert (prober.requests, prober.repairs) == (1, 1), r.verdict
             name = prober_name(PROBER_ROLE, e.namespace)
             sa = e.plain(e.core().read_namespaced_service_account(name, e.namespace))
-            assert sa["metadata"]["labels"] == {"app.kubernetes.io/component": "culler-prober"}
+            assert sa["metadata"]["labels"] == {**CREATED, "app.kubernetes.io/component": "culler-prober"}
             assert sa["metadata"]["annotations"] == {SERVES_ANNOTATION: e.namespace}
             assert sa["automountServiceAccountToken"] is False
             rb = e.plain(e.rbac().read_namespaced_role_binding(PROBER_ROLE, e.namespace))
