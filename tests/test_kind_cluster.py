@@ -21,6 +21,8 @@ import pytest
 from need import missing
 from support.kind import KindBackend, KindUnavailable, kind_backend
 
+ROOT = Path(__file__).resolve().parents[1]
+
 CLUSTER = "kf-culler-kind-test"
 NS = "default"
 
@@ -61,6 +63,8 @@ def kind() -> Iterator[Kind]:
         yield kind
     finally:
         cluster.delete()
+        # The build's Docker daemon outlives nothing it served: stopped once the cluster is gone.
+        subprocess.run(["bash", str(ROOT / "hack" / "kind" / "dockerd.sh"), "stop"], check=False)
         if saved is None:
             os.environ.pop("DOCKER_HOST", None)
         else:

@@ -42,12 +42,14 @@ start() {
   if answers; then isolate; log "running ($SOCK)"; echo "DOCKER_HOST=$DOCKER_HOST"; return; fi
   install -m 0755 "$here/runc-wrapper" "$DIR/runc-wrapper"
   log "starting dockerd (log: $DIR/dockerd.log)"
+  # Without the caller's descriptors: a daemon that kept build.sh's lock (fd 9) open would hold it for its whole
+  # life, and every later build.sh would wait for it forever.
   setsid dockerd \
     --host "$DOCKER_HOST" --data-root "$DIR/data" --exec-root "$DIR/exec" --pidfile "$DIR/dockerd.pid" \
     --bridge none --ip-forward=true --iptables=true \
     --default-ulimit nofile=20000:20000 --default-ulimit nproc=32768:32768 \
     --add-runtime "$RUNTIME=$DIR/runc-wrapper" --default-runtime "$RUNTIME" \
-    >>"$DIR/dockerd.log" 2>&1 </dev/null &
+    >>"$DIR/dockerd.log" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
   local i
   for i in $(seq 1 120); do answers && break; sleep 0.5; done
   answers || die "dockerd did not answer on $SOCK within 60 s; see $DIR/dockerd.log"
