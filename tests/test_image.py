@@ -12,7 +12,6 @@ path, KUBERNETES_SERVICE_HOST/PORT), against the real API server of the `kube` f
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -30,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 from need import missing
-from support.kustomize import render
+from support.kustomize import rbac_in, render
 from support.lock import locked, normalize
 from support.target import KubeTarget
 
@@ -196,26 +195,6 @@ def _one(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return found
 
 
-def _in_namespace(objs: list[dict[str, Any]], namespace: str) -> list[dict[str, Any]]:
-    """The overlay's ServiceAccount and RBAC, moved to `namespace` (cluster-scoped ones named after it, so that
-    they do not meet the copies other tests make of the same roles)."""
-    out = []
-    for o in objs:
-        if o["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
-            continue
-        o = copy.deepcopy(o)
-        if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-            o["metadata"]["name"] += f"-{namespace}"
-        else:
-            o["metadata"]["namespace"] = namespace
-        for s in o.get("subjects", []):
-            s["namespace"] = namespace
-        if o["kind"] == "ClusterRoleBinding":
-            o["roleRef"]["name"] += f"-{namespace}"
-        out.append(o)
-    return out
-
-
 @pytest.fixture()
 def culler_namespace(kube: KubeTarget) -> Iterator[str]:
     from kubernetes import client
@@ -308,7 +287,7 @@ def test_the_rendered_overlay_starts_the_culler_from_the_image(image: Image, kub
     deployment = _one(objs, "Deployment", "kf-culler")
     config_maps = {o["metadata"]["name"]: o.get("data", {}) for o in objs if o["kind"] == "ConfigMap"}
     api = kube.api_client()
-    for o in _in_namespace(objs, culler_namespace):
+    for o in rbac_in(objs, culler_namespace):
         utils.create_from_dict(api, o)
     pod_name = f"kf-culler-{uuid.uuid4().hex[:5]}"
     flags, command, args = _podman_flags(deployment, config_maps, tmp_path, culler_namespace, pod_name)
@@ -404,7 +383,7 @@ def test_check_in_the_image_judges_an_idle_and_a_busy_jupyter(image: Image, kube
     deployment = _one(objs, "Deployment", "kf-culler")
     config_maps = {o["metadata"]["name"]: o.get("data", {}) for o in objs if o["kind"] == "ConfigMap"}
     api = kube.api_client()
-    for o in _in_namespace(objs, culler_namespace):
+    for o in rbac_in(objs, culler_namespace):
         utils.create_from_dict(api, o)
     flags, command, run_args = _podman_flags(deployment, config_maps, tmp_path, culler_namespace, "kf-culler-check")
     config = run_args[run_args.index("--config"):run_args.index("--config") + 2]

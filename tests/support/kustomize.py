@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import shutil
 import subprocess
@@ -61,10 +62,17 @@ def component_rbac(component: str, namespace: str, tmp: Path) -> list[dict[str, 
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [f"{rel}/base"], "components": [f"{rel}/components/{component}"]}))
     rendered = render(tmp)
-    out = writes_policy(rendered, namespace, [namespace])
-    for o in rendered:
+    return writes_policy(rendered, namespace, [namespace]) + rbac_in(rendered, namespace)
+
+
+def rbac_in(objs: list[dict[str, Any]], namespace: str) -> list[dict[str, Any]]:
+    """Copies of the rendered ServiceAccount and RBAC moved to `namespace`, cluster-scoped ones named after it so
+    that they do not meet the copies other tests make of the same roles."""
+    out = []
+    for o in objs:
         if o["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
             continue
+        o = copy.deepcopy(o)
         if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
             o["metadata"]["name"] += f"-{namespace}"
         else:
