@@ -9,66 +9,16 @@ The cluster is made with pytest-kind's own command line from the local node imag
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-from need import missing
-from support.kind import KindBackend, KindUnavailable, kind_backend
+from support.kind import Kind
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CLUSTER = "kf-culler-kind-test"
 NS = "default"
-
-
-class Kind:
-    def __init__(self, backend: KindBackend, kubeconfig: Path, workdir: Path) -> None:
-        self.backend = backend
-        self.kubeconfig = kubeconfig
-        self.workdir = workdir
-
-    def kubectl(self, *args: str, stdin: str | None = None) -> str:
-        done = subprocess.run([str(self.backend.kubectl_bin), f"--kubeconfig={self.kubeconfig}", *args],
-                              input=stdin, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
-        return done.stdout
-
-
-@pytest.fixture(scope="module")
-def kind() -> Iterator[Kind]:
-    try:
-        backend = kind_backend()
-    except KindUnavailable as why:
-        missing("kind", why)
-    from pytest_kind import KindCluster
-
-    saved = os.environ.get("DOCKER_HOST")
-    os.environ["DOCKER_HOST"] = backend.docker_host  # kind (run by pytest-kind) talks to the build's daemon
-    workdir = Path(tempfile.mkdtemp(prefix="kf-culler-kind-"))
-    cluster = KindCluster(CLUSTER, kubeconfig=workdir / "kubeconfig", image=backend.node_image,
-                          kind_path=backend.kind_bin, kubectl_path=backend.kubectl_bin)
-    cluster.delete()  # a cluster left by an interrupted run: start clean
-    try:
-        cluster.create()
-        kind = Kind(backend, workdir / "kubeconfig", workdir)
-        kind.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=300s")
-        backend.load_image(CLUSTER, backend.tools_image, workdir)
-        yield kind
-    finally:
-        cluster.delete()
-        # The build's Docker daemon outlives nothing it served: stopped once the cluster is gone.
-        subprocess.run(["bash", str(ROOT / "hack" / "kind" / "dockerd.sh"), "stop"], check=False)
-        if saved is None:
-            os.environ.pop("DOCKER_HOST", None)
-        else:
-            os.environ["DOCKER_HOST"] = saved
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 180) -> Any:

@@ -59,3 +59,33 @@ def kind_backend() -> KindBackend:
     return KindBackend(kind_bin=Path(values["KIND_BIN"]), kubectl_bin=Path(values["KUBECTL_BIN"]),
                        node_image=values["KIND_NODE_IMAGE"], tools_image=values["KIND_TOOLS_IMAGE"],
                        docker_host=values["DOCKER_HOST"])
+
+
+CLUSTER = "kf-culler-kind-test"
+
+
+class Kind:
+    """One kind cluster the real-kubelet tests share (tests/conftest.py's `kind` fixture, made once a session)."""
+
+    name = CLUSTER
+
+    def __init__(self, backend: KindBackend, kubeconfig: Path, workdir: Path) -> None:
+        self.backend = backend
+        self.kubeconfig = kubeconfig
+        self.workdir = workdir
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
+        done = subprocess.run([str(self.backend.kubectl_bin), f"--kubeconfig={self.kubeconfig}", *args],
+                              input=stdin, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def load_image(self, image: str) -> None:
+        """Put an image of the build's Docker daemon onto the cluster's node (nothing is pulled)."""
+        self.backend.load_image(self.name, image, self.workdir)
+
+    def load_archive(self, archive: Path) -> None:
+        """Put an image archive (docker-archive, e.g. hack/image/build.sh's) onto the cluster's node."""
+        subprocess.run([str(self.backend.kind_bin), "load", "image-archive", "--name", self.name, str(archive)],
+                       env=self.backend.env(), check=True, capture_output=True)
