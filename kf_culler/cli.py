@@ -43,7 +43,10 @@ EXIT_CODES = {
              "2  a bad argument (--start, --mix, ...)",
     "replay": "0  the report was printed\n"
               "1  a plot was asked for without matplotlib\n"
-              "2  a bad trace, policy file or --timeline",
+              "2  a bad trace, policy file, --grid or --timeline",
+    "convert": "0  the trace was written\n"
+               "1  the trace could not be written\n"
+               "2  the template cannot be read (the message names the key) or a bad argument",
 }
 
 
@@ -294,11 +297,30 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from kf_culler.replay.commands import replay_command
 
+    if args.sweep:
+        from kf_culler.replay.sweep_commands import sweep_command
+
+        if args.compare or args.timeline:
+            print("kf-culler replay: --sweep compares the grid's policies; --compare and --timeline go without it",
+                  file=sys.stderr)
+            return 2
+        return sweep_command(trace=args.trace, config=args.config, grid=args.grid or [], per=args.per,
+                             max_restarts=args.max_restarts_per_session_day, jobs=args.jobs, plot=args.plot,
+                             write_config=args.write_config, output_format=args.format,
+                             restart_delay_minutes=args.restart_delay, check_period_minutes=args.check_period,
+                             bound_gpu_hours=args.bound_gpu_hours)
     return replay_command(trace=args.trace, config=args.config, compare=args.compare or [], plot=args.plot,
                           timeline=args.timeline, timeline_plot=args.timeline_plot,
                           restart_delay_minutes=args.restart_delay, check_period_minutes=args.check_period,
                           oracle_idle_minutes=args.oracle_idle, output_format=args.format,
                           max_list=args.max_list)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from kf_culler.replay.sweep_commands import convert_command
+
+    return convert_command(template=args.template, out=args.out, namespace=args.namespace, start=args.start,
+                           check_minutes=args.check_minutes, until_hours=args.until_hours)
 
 
 def _namespace_arg(p: argparse.ArgumentParser) -> None:
@@ -425,7 +447,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the oracle's idle limit (default: idleMinutes of --config)")
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     p.add_argument("--max-list", type=int, default=20, help="interruptions listed per policy (default 20)")
+    s = p.add_argument_group("policy sweep (docs/replay.md, \"Sweeping policies\")")
+    s.add_argument("--sweep", action="store_true",
+                   help="replay a grid of policies around --config (the current configuration): the frontier of "
+                   "GPU-hours reclaimed against restarts and interruptions, and a recommended configuration")
+    s.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
+                   help="values of one policy key to sweep (idleMinutes, warnMinutes, connectedGpuIdleMinutes, "
+                   "busyKernelGpuIdleMinutes, noSignalGpuIdleMinutes; `off` for null); repeatable (default: "
+                   "idleMinutes=15,30,60,120,240, connectedGpuIdleMinutes=off,120, busyKernelGpuIdleMinutes=off,60,240)")
+    s.add_argument("--per", choices=("namespace", "rule"),
+                   help="also find each namespace's (or policy rule's) best policy, and recommend per-group "
+                   "settings where that reclaims more")
+    s.add_argument("--max-restarts-per-session-day", type=float, default=1.0, metavar="N",
+                   help="the budget of the recommendation (default 1); it must also interrupt nothing")
+    s.add_argument("--jobs", type=int, default=1, metavar="N", help="replay the grid in N processes (default 1)")
+    s.add_argument("--write-config", metavar="FILE",
+                   help="write the recommended configuration here (the current one with the recommendation's keys)")
+    s.add_argument("--bound-gpu-hours", type=float, metavar="H",
+                   help="draw a reference line at H GPU-hours reclaimed on the --plot (e.g. a published bound)")
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("convert", help="convert a NotebookOS workload template (JSON) into a replay trace",
+                       epilog=_epilog("convert"), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("template", metavar="TEMPLATE", help="the workload template (docs/replay.md)")
+    p.add_argument("--out", "-o", metavar="FILE", required=True, help="trace to write; .gz compresses")
+    p.add_argument("--namespace", default="notebookos", help="namespace of the sessions' notebooks (default "
+                   "notebookos)")
+    p.add_argument("--start", metavar="RFC3339", help="time of tick 0 (default 2021-06-01T00:00:00Z)")
+    p.add_argument("--check-minutes", type=int, default=1, help="minutes between records (default 1, one tick)")
+    p.add_argument("--until-hours", type=float, metavar="H", help="only the first H hours of the template")
+    p.set_defaults(func=cmd_convert)
     return parser
 
 

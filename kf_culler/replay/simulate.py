@@ -87,6 +87,7 @@ class NotebookTotals:
     baseline_gpu_s: float = 0.0  # GPU-seconds the trace's pods held (no culler)
     oracle_gpu_s: float = 0.0  # held while absent beyond the oracle's idle limit
     working_s: float = 0.0
+    running_s: float = 0.0  # seconds the trace's pod ran (no culler): the notebook's session-time
     records: int = 0
 
 
@@ -318,6 +319,8 @@ def replay(path: str | Path, rules: list[Contender], *, restart_delay_minutes: f
         gpus = t.gpus if nb.prev_world else 0
         if truth == "working":
             t.working_s += dt
+        if nb.prev_world:
+            t.running_s += dt
         oracle_s = 0.0
         if gpus:
             t.baseline_gpu_s += gpus * dt
