@@ -31,8 +31,10 @@ from typing import Any
 
 from kf_culler.config import ConfigError, Policy, load_mapping, read_data
 from kf_culler.config_layers import fragment_paths, merge
+from kf_culler.decide import decide_view
 from kf_culler.ide import IDE_KINDS
-from kf_culler.policy import policy_of
+from kf_culler.model import InputError
+from kf_culler.policy import Selected, selection
 from kf_culler.readings import Unreadable, parse_gpu
 from kf_culler.replay.contenders import Check, ConfiguredPolicy, Contender
 from kf_culler.replay.simulate import HOUR, ReplayResult, replay
@@ -155,15 +157,36 @@ class SweptPolicy(ConfiguredPolicy):
 
     def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
               observations: dict[str, Any], now: datetime, started: datetime, context: Mapping[str, Any]) -> Check:
-        result = super().check(memo, notebook, pod, observations, now, started, context)
-        meta = notebook.get("metadata") or {}
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
-        if key not in self.rules:
+        """As ConfiguredPolicy.check, but the way a pass of the culler calls the decision (kf_culler/cycle.py):
+        the notebook read once into its view with its policy (kf_culler/policy.py `selection`), kept while the
+        notebook, pod and context objects stay the same, then `decide_view` at each check."""
+        seen = memo.get("selected")
+        if seen is None or seen[0] is not notebook or seen[1] is not pod or seen[2] is not context:
             labels, node = context.get("namespaceLabels"), context.get("node")
-            self.rules[key] = policy_of(notebook, pod, self.settings, labels if isinstance(labels, dict) else None,
-                                        node if isinstance(node, dict) else None)[1]
-        if result.action == "stop" and _work_at_stop(observations, self.policy(memo, notebook, pod, context)):
-            self.work_stops[key] = self.work_stops.get(key, 0) + 1
+            try:
+                chosen: Selected | None = selection(notebook, pod, self.settings,
+                                                    namespace_labels=labels if isinstance(labels, dict) else None,
+                                                    node=node if isinstance(node, dict) else None)
+            except InputError:
+                chosen = None
+            seen = memo["selected"] = (notebook, pod, context, chosen)
+        chosen = seen[3]
+        if chosen is None:  # not a notebook at all: decide says what is wrong with it
+            result = super().check(memo, notebook, pod, observations, now, started, context)
+        else:
+            key = "/".join(chosen.key)
+            if key not in self.rules:
+                self.rules[key] = chosen.rule
+            ops = self.settings.operations
+            if not ops.namespaces.selects(chosen.key[0]):
+                return Check("keep", "exempt", "namespace not selected by this configuration")
+            if ops.gpu_only and chosen.view.gpus == 0:
+                return Check("keep", "exempt", "gpuOnly: the notebook has no GPU")
+            self.calls += 1
+            verdict = decide_view(chosen.view, observations, chosen.policy, now)
+            result = Check(verdict.action, verdict.state, verdict.reason)
+            if result.action == "stop" and _work_at_stop(observations, chosen.policy):
+                self.work_stops[key] = self.work_stops.get(key, 0) + 1
         return result
 
 

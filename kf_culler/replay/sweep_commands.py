@@ -120,7 +120,7 @@ def sweep_command(*, trace: str, config: str | None, grid: list[str], per: str |
                   "maxRestartsPerSessionDay": max_restarts},
         "current": {"label": sw.CURRENT, **f0.to_dict()},
         "points": [{"label": e.label, "point": e.point, **e.total.to_dict(),
-                    "frontier": e in sw.frontier(grid_items + [current]),
+                    "frontier": e in sw.frontier([*grid_items, current]),
                     **({"groups": {g: f.to_dict() for g, f in sorted(e.groups.items())}} if per else {})}
                    for e in grid_items],
         "recommended": None,
@@ -241,7 +241,7 @@ def convert_command(*, template: str, out: str, namespace: str, start: str | Non
             print(f"kf-culler convert: --start {start!r} is not an RFC 3339 time", file=stderr)
             return 2
         begin = parsed
-    until = None if until_hours is None else int(round(until_hours * 3600 / TICK_SECONDS))
+    until = None if until_hours is None else round(until_hours * 3600 / TICK_SECONDS)
     try:
         sessions, records = convert(template, out, namespace=namespace, start=begin,
                                     check_ticks=max(1, round(check_minutes * 60 / TICK_SECONDS)), until_ticks=until)
