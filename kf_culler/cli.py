@@ -454,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
                    help="values of one policy key to sweep (idleMinutes, warnMinutes, connectedGpuIdleMinutes, "
                    "busyKernelGpuIdleMinutes, noSignalGpuIdleMinutes; `off` for null); repeatable (default: "
-                   "idleMinutes=15,30,60,120,240, connectedGpuIdleMinutes=off,120, busyKernelGpuIdleMinutes=off,60,240)")
+                   "idleMinutes=15,30,60,120,240, connectedGpuIdleMinutes=off,120, "
+                   "busyKernelGpuIdleMinutes=off,60,240)")
     s.add_argument("--per", choices=("namespace", "rule"),
                    help="also find each namespace's (or policy rule's) best policy, and recommend per-group "
                    "settings where that reclaims more")

@@ -46,17 +46,26 @@ def _table(rows: list[list[str]], markdown: bool) -> str:
 
 def _marked(items: list[sw.Evaluated], current: sw.Evaluated, chosen: sw.Evaluated | None,
             of: Any = lambda e: e.total) -> list[list[str]]:
-    """The frontier's rows, with the current configuration and the recommendation added where not on it."""
+    """The frontier's rows, with the current configuration and the recommendation added where not on it. Points
+    with the same figures are one row: the first of them, and how many more there are."""
     front = sw.frontier(items, of)
-    shown = list(front)
-    for e in (current, chosen):
-        if e is not None and e not in shown:
-            shown.append(e)
+    alike: dict[tuple[Any, ...], list[sw.Evaluated]] = {}
+    for e in front:
+        f = of(e)
+        alike.setdefault((round(f.reclaimed_gpu_h, 6), f.restarts, f.interruptions, f.warnings), []).append(e)
+    shown = [group[0] for group in alike.values()]
+    more = {id(group[0]): len(group) - 1 for group in alike.values()}
+    for extra in (current, chosen):
+        if extra is not None and extra not in shown:
+            shown.append(extra)
     shown.sort(key=lambda e: (of(e).restarts_per_session_day, -of(e).reclaimed_gpu_h))
     rows = []
     for e in shown:
         marks = ("*" if e in front else "") + ("C" if e is current else "") + ("R" if e is chosen else "")
-        rows.append(_row(e, of(e), marks))
+        row = _row(e, of(e), marks)
+        if more.get(id(e)):
+            row[1] += f" (+{more[id(e)]} alike)"
+        rows.append(row)
     return rows
 
 
@@ -69,7 +78,7 @@ def sweep_command(*, trace: str, config: str | None, grid: list[str], per: str |
     try:
         base = sw.base_mapping(config)
         points = sw.points(sw.parse_grid(grid))
-        configs = [({}, base)] + [(p, sw.with_point(base, p)) for p in points]
+        configs: list[tuple[sw.Point, dict[str, Any]]] = [({}, base), *((p, sw.with_point(base, p)) for p in points)]
         for p, raw in configs[1:]:
             load_mapping(raw, f"sweep point {sw.label(p)}")
         header = read_header(trace)
@@ -86,7 +95,7 @@ def sweep_command(*, trace: str, config: str | None, grid: list[str], per: str |
         return 2
     swept_s = time.perf_counter() - t0
     current, grid_items = items[0], items[1:]
-    plan = sw.recommend(grid_items, max_restarts, per)
+    plan = sw.recommend(items, max_restarts, per)  # the current configuration is a candidate too
     verified: sw.Evaluated | None = None
     recommended_raw: dict[str, Any] | None = None
     if plan is not None:
@@ -97,7 +106,7 @@ def sweep_command(*, trace: str, config: str | None, grid: list[str], per: str |
         verified.label = "recommended" if plan.per_group else plan.top.label
         if verified.total.interruptions or verified.total.restarts_per_session_day > max_restarts + 1e-12:
             # per-group choices interact with the configuration's rules: fall back to the fleet-wide point
-            plan = sw.recommend(grid_items, max_restarts, None)
+            plan = sw.recommend(items, max_restarts, None)
             if plan is None:
                 verified, recommended_raw = None, None
             else:
@@ -178,7 +187,7 @@ def render(doc: dict[str, Any], items: list[sw.Evaluated], current: sw.Evaluated
         "",
         "Frontier (*: on it; C: current configuration; R: recommended):",
         "",
-        _table(_marked([*grid, current], current, next((e for e in grid if verified is not None
+        _table(_marked([*grid, current], current, next((e for e in [*grid, current] if verified is not None
                                                          and e.label == verified.label), None)), markdown),
     ]
     rec = doc["recommended"]
