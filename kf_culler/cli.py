@@ -210,6 +210,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         once=args.once, metrics_address=args.metrics_address, api_address=args.api_address,
         leader_elect=args.leader_elect, lease_namespace=args.lease_namespace or namespace,
         lease_name=args.lease_name, record=args.record, record_hash_key=args.record_hash_key,
+        record_segment_hours=args.record_segment_hours, record_max_mb=args.record_max_mb,
         json_logs=not args.text_logs, dry_run=args.dry_run,
         records_namespace=namespace))
 
@@ -386,7 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-namespace", default=None,
                    help="namespace of the Lease (default: the culler's namespace, --culler-namespace)")
     p.add_argument("--lease-name", default="kf-culler")
-    p.add_argument("--record", metavar="FILE", help="append what the culler observed to a replay trace")
+    p.add_argument("--record", metavar="FILE|DIR/",
+                   help="append what the culler observed to a replay trace; a directory (existing, or ending in /) "
+                   "gets gzip segments, rotated and bounded on disk (docs/replay.md, \"Recording a real fleet\")")
+    p.add_argument("--record-segment-hours", type=float, default=24, metavar="H",
+                   help="with --record DIR/: begin a new segment every H hours (default 24)")
+    p.add_argument("--record-max-mb", type=float, default=1024, metavar="MB",
+                   help="with --record DIR/: delete the oldest segments beyond MB megabytes (default 1024; a segment "
+                   "is also closed at an eighth of it)")
     p.add_argument("--record-hash-key", metavar="KEY",
                    help="hash namespaces and names in the trace with this key")
     p.add_argument("--text-logs", action="store_true", help="human-readable logs instead of JSON lines")

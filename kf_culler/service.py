@@ -35,8 +35,10 @@ class Options:
     leader_elect: bool = False
     lease_namespace: str | None = None
     lease_name: str = "kf-culler"
-    record: str | None = None
+    record: str | None = None  # a trace file, or a directory of segments (an existing directory, or ending in /)
     record_hash_key: str | None = None
+    record_segment_hours: float = 24
+    record_max_mb: float = 1024
     json_logs: bool = True
     dry_run: bool = False
     records_namespace: str | None = None  # where the culler keeps its record (None: its own namespace)
@@ -146,7 +148,16 @@ def serve(settings: Settings, api: Any, opts: Options) -> int:
     recorder: TraceRecorder | None = None
     owns: Callable[[str], bool] | None = None
     may_write: Callable[[], bool] = _always
-    if opts.record:
+    if opts.record and (opts.record.endswith("/") or os.path.isdir(opts.record)):
+        from kf_culler.replay.segments import SegmentedRecorder
+
+        recorder = SegmentedRecorder(opts.record, hash_key=opts.record_hash_key,
+                                     check_period_seconds=settings.operations.check_period_seconds,
+                                     label_keys=settings.selector_label_keys,
+                                     segment_seconds=opts.record_segment_hours * 3600,
+                                     max_segment_bytes=max(1 << 20, int(opts.record_max_mb * (1 << 20) / 8)),
+                                     max_total_bytes=int(opts.record_max_mb * (1 << 20)))
+    elif opts.record:
         recorder = TraceRecorder(opts.record, hash_key=opts.record_hash_key,
                                  check_period_seconds=settings.operations.check_period_seconds,
                                  label_keys=settings.selector_label_keys)

@@ -15,6 +15,7 @@ import gzip
 import io
 import json
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -195,7 +196,25 @@ class TraceWriter:
         self._out.flush()
 
 
+SEGMENT_GLOB = "trace-*.jsonl.gz"
+
+
+def segment_paths(directory: str | Path) -> list[Path]:
+    """The segments of a recorded directory (kf_culler/replay/segments.py), oldest first."""
+    return sorted(p for p in Path(directory).glob(SEGMENT_GLOB) if p.is_file())
+
+
+def _segments(path: str | Path) -> list[Path]:
+    found = segment_paths(path)
+    if not found:
+        raise TraceError(f"{path}: a directory without trace segments ({SEGMENT_GLOB})")
+    return found
+
+
 def read_header(path: str | Path) -> TraceHeader:
+    """The header of a trace file, or of a directory of segments (its oldest segment's)."""
+    if Path(path).is_dir():
+        path = _segments(path)[0]
     with open_text(path, "r") as stream:
         first = stream.readline()
     return _parse_header(first, f"{path} line 1")
@@ -217,7 +236,16 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, Iterator[Record]]:
     Raises TraceError naming the file and line for anything that is not a valid trace.
     """
     header = read_header(path)
+    if Path(path).is_dir():
+        return header, _chained(_segments(path))
     return header, _records(path)
+
+
+def _chained(segments: list[Path]) -> Iterator[Record]:
+    """The records of a directory's segments, one after the other; each segment stops at a cut (a culler killed
+    while writing it: an unfinished gzip stream, a last line without its newline)."""
+    for segment in segments:
+        yield from _records(segment, to_cut=True)
 
 
 # A record written by TraceWriter with no objects in it: time, id, truth, then the observations last.
@@ -225,7 +253,22 @@ _PLAIN = re.compile(r'\{"time":"([^"\\]{1,64})","id":"([^"\\]{1,400})",'
                     r'(?:"truth":"(working|present|absent)",)?"observations":')
 
 
-def _records(path: str | Path) -> Iterator[Record]:
+def _lines(stream: IO[str], to_cut: bool) -> Iterator[str]:
+    """The stream's lines; with to_cut, up to a cut: the end of an unfinished gzip stream, or a last line
+    without its newline."""
+    if not to_cut:
+        yield from stream
+        return
+    try:
+        for line in stream:
+            if not line.endswith("\n"):
+                return
+            yield line
+    except (EOFError, gzip.BadGzipFile, zlib.error):
+        return
+
+
+def _records(path: str | Path, to_cut: bool = False) -> Iterator[Record]:
     notebooks: dict[str, dict[str, Any]] = {}
     pods: dict[str, dict[str, Any] | None] = {}
     contexts: dict[str, dict[str, Any]] = {}
@@ -237,7 +280,7 @@ def _records(path: str | Path) -> Iterator[Record]:
     truth: Any
     with open_text(path, "r") as stream:
         stream.readline()
-        for n, line in enumerate(stream, start=2):
+        for n, line in enumerate(_lines(stream, to_cut), start=2):
             m = plain(line)
             if m is not None and line.rstrip().endswith("}") and m.group(2) in notebooks:
                 stamp, key, truth = m.group(1), m.group(2), m.group(3)
