@@ -41,6 +41,7 @@ class SegmentedRecorder(TraceRecorder):
         self.segment: Path | None = None
         self._segment_start: datetime | None = None
         self._checked = False
+        self._last_sample: dict[str, str] = {}  # notebook key -> time of the latest GPU sample written (this segment)
 
     def _check_directory(self) -> int:
         """The next sequence number; refuses a directory of another hashing setting."""
@@ -84,6 +85,25 @@ class SegmentedRecorder(TraceRecorder):
             return True
         return self.segment.stat().st_size >= self.max_segment_bytes
 
+    def _new_samples(self, key: str, obs: dict[str, Any]) -> dict[str, Any]:
+        """obs with only the GPU samples after those this segment already holds for the notebook: a replay keeps
+        each notebook's samples from record to record (docs/replay.md, "How a replay counts"), while the culler's
+        GPU query returns its whole look-back at every pass. Samples that are not all readable go as they are."""
+        raw = obs.get("gpu")
+        samples = raw.get("samples") if isinstance(raw, dict) else None
+        if not isinstance(samples, list) or not samples or not all(
+                isinstance(s, dict) and isinstance(s.get("time"), str) and len(s["time"]) == 20
+                and s["time"].endswith("Z") for s in samples):
+            return obs
+        assert isinstance(raw, dict)
+        last = self._last_sample.get(key)
+        newest = max(s["time"] for s in samples)
+        if last is not None and newest >= last:
+            kept = [s for s in samples if s["time"] > last]
+            obs = {**obs, "gpu": {**raw, "samples": kept or [max(samples, key=lambda s: str(s["time"]))]}}
+        self._last_sample[key] = newest
+        return obs
+
     def record(self, now: datetime, notebook: dict[str, Any], pod: dict[str, Any] | None,
                observations: dict[str, Any], context: dict[str, Any] | None = None) -> None:
         nb, p, obs, ctx = self._prepare(notebook, pod, observations, context or {})
@@ -92,6 +112,9 @@ class SegmentedRecorder(TraceRecorder):
                 self._close_segment()
             if self._writer is None:
                 self._writer = self._open(now)
+                self._last_sample.clear()  # a segment stands alone: its first records carry the whole window
+            meta = nb.get("metadata") or {}
+            obs = self._new_samples(f"{meta.get('namespace')}/{meta.get('name')}", obs)
             self._writer.write(now, nb, p, obs, context=ctx)
             if self._writer.records % self._flush_every == 0:
                 self._writer.flush()
