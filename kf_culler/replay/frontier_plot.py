@@ -46,7 +46,7 @@ def frontier_png(items: list[Evaluated], current: Evaluated, recommended: Evalua
     for name, e, colour, marker in marks:
         x, y = e.total.restarts_per_session_day, e.total.reclaimed_gpu_h
         ax.scatter([x], [y], s=260 if marker == "*" else 150, marker=marker, color=colour, edgecolors="black",
-                   linewidths=0.8, zorder=4, label=f"{name}: {e.label}")
+                   linewidths=0.8, zorder=4, label=name if e.label == name else f"{name}: {e.label}")
         ax.annotate(f"{name}\n{y:,.0f} GPU-h, {x:.2f}/session-day", (x, y), textcoords="offset points",
                     xytext=(12, -26 if name == "current" else 10), fontsize=8, color=colour)
     ax.set_xlabel("restarts per session-day (24 h of a session running)")

@@ -376,7 +376,7 @@ def recommended_mapping(base: Mapping[str, Any], plan: Plan, grouping: str | Non
     """The configuration of a plan: the base with the top point's keys at the top level, and for each group with
     its own point, a namespace override (grouping by namespace) or that rule's policy keys (by rule; `default`,
     the top level, is the top point). A key an existing override or rule sets itself is kept, as in the replay."""
-    out = with_point(base, plan.top.point)
+    out = with_point(base, {k: v for k, v in plan.top.point.items() if k in base or not _is_default(k, v)})
     for group, e in sorted(plan.per_group.items()):
         if grouping == "namespace":
             overrides = out.setdefault("namespaceOverrides", {})
@@ -386,6 +386,17 @@ def recommended_mapping(base: Mapping[str, Any], plan: Plan, grouping: str | Non
                 if isinstance(rule, dict) and rule.get("name") == group:
                     rule["policy"] = {**e.point, **(rule.get("policy") or {})}
     return out
+
+
+def _is_default(key: str, value: float | None) -> bool:
+    """Whether a top-level key at this value is what the policy has without it (so it need not be written);
+    noSignalGpuIdleMinutes without a value is twice idleMinutes, not null."""
+    if key == "noSignalGpuIdleMinutes":
+        return False
+    for name, f in Policy.model_fields.items():
+        if (f.alias or name) == key:
+            return bool(f.default == value)
+    return False
 
 
 def changes(base: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
