@@ -175,3 +175,20 @@ def test_the_frontier_png_marks_the_current_configuration(fleet: Path, tmp_path:
     red = (near[..., 0] > 0.7) & (near[..., 1] < 0.35) & (near[..., 2] < 0.35)
     assert red.any()
     assert "Frontier" in capsys.readouterr().out
+
+
+def test_a_group_kept_at_the_current_configuration_is_written_with_its_values() -> None:
+    from kf_culler.config import load_mapping
+    from kf_culler.replay.sweep import Plan, recommended_mapping
+
+    base = {"idleMinutes": 45, "namespaceOverrides": {"b": {"warnMinutes": 3}}}
+    top = _ev("15", {"a": (1.0, 0, 0)})
+    top.point = {"idleMinutes": 15, "busyKernelGpuIdleMinutes": 30}
+    kept = _ev("0", {"b": (1.0, 0, 0)})
+    kept.point = {}  # the current configuration was the best for namespace b
+    written = recommended_mapping(base, Plan(top, {"b": kept}, Figures()), "namespace")
+    settings = load_mapping(written, "recommended")
+    assert settings.policy.idle_minutes == 15 and settings.policy.busy_kernel_gpu_idle_minutes == 30
+    b = settings.overrides["b"]
+    # namespace b keeps what it had: the old top level's 45 minutes, no busy-kernel limit, its own warning
+    assert (b.idle_minutes, b.busy_kernel_gpu_idle_minutes, b.warn_minutes) == (45, None, 3)

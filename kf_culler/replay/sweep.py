@@ -378,14 +378,26 @@ def recommended_mapping(base: Mapping[str, Any], plan: Plan, grouping: str | Non
     the top level, is the top point). A key an existing override or rule sets itself is kept, as in the replay."""
     out = with_point(base, {k: v for k, v in plan.top.point.items() if k in base or not _is_default(k, v)})
     for group, e in sorted(plan.per_group.items()):
+        point = e.point or _base_values(base, list(plan.top.point))  # the current configuration's own values
         if grouping == "namespace":
             overrides = out.setdefault("namespaceOverrides", {})
-            overrides[group] = {**e.point, **(overrides.get(group) or {})}
+            overrides[group] = {**point, **(overrides.get(group) or {})}
         elif grouping == "rule" and group != "default":
             for rule in out.get("rules") or []:
                 if isinstance(rule, dict) and rule.get("name") == group:
-                    rule["policy"] = {**e.point, **(rule.get("policy") or {})}
+                    rule["policy"] = {**point, **(rule.get("policy") or {})}
     return out
+
+
+def _base_values(base: Mapping[str, Any], keys: list[str]) -> Point:
+    """The current configuration's top-level values of keys, written out (so that an override keeps them when the
+    top level changes): its own, else the policy's defaults (noSignalGpuIdleMinutes: twice idleMinutes)."""
+    policy = load_mapping(dict(base), "the current configuration").policy
+    values: Point = {"idleMinutes": policy.idle_minutes, "warnMinutes": policy.warn_minutes,
+                     "connectedGpuIdleMinutes": policy.connected_gpu_idle_minutes,
+                     "busyKernelGpuIdleMinutes": policy.busy_kernel_gpu_idle_minutes,
+                     "noSignalGpuIdleMinutes": policy.no_signal_gpu_idle_limit}
+    return {k: values[k] for k in keys if k in values}
 
 
 def _is_default(key: str, value: float | None) -> bool:
