@@ -438,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="replay a trace through policies: GPU-hours reclaimed, interruptions",
                        epilog=_epilog("replay"), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("trace", metavar="TRACE", help="trace file (JSON Lines, .gz allowed; see docs/replay.md)")
+    p.add_argument("trace", metavar="TRACE", help="trace file (JSON Lines, .gz allowed), or a directory "
+                   "recorded with run --record DIR/ (docs/replay.md)")
     p.add_argument("--config", "-c", metavar="POLICY", help="policy YAML/JSON (default: built-in defaults)")
     p.add_argument("--compare", action="append", metavar="POLICY",
                    help="another policy file, or kubeflow-kernel[:MINUTES], gpu-only[:MINUTES[:UTIL]], "
