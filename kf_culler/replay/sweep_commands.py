@@ -117,8 +117,8 @@ def sweep_command(*, trace: str, config: str | None, grid: list[str], per: str |
                 verified.label = plan.top.label
     total_s = time.perf_counter() - t0
     all_items = [*items, *([verified] if verified is not None else [])]
-    work = "interruptions (stops while working)" if truth_known else \
-        "interruptions (stops while an IDE reported running work or the GPU worked)"
+    work = "stops while working" if truth_known else \
+        "stops while an IDE reported running work or the GPU worked (no ground truth)"
     f0 = current.total
     doc: dict[str, Any] = {
         "trace": {"path": trace, "start": format_time(header.start),
