@@ -149,20 +149,21 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from kf_culler.report import explain
-    from kf_culler.targets import session_key
+    from kf_culler.targets import SessionKey, session_key
 
-    ns, sep, name = args.notebook.partition("/")
-    if not sep or not ns or not name:
+    key = SessionKey.parse(args.notebook)
+    if key is None:
         print("kf-culler explain: give the notebook as NAMESPACE/NAME (another target's session as "
               "NAMESPACE/Workspace/NAME, NAMESPACE/Deployment/NAME, ...)", file=sys.stderr)
         return 2
+    ns, name = key
     runner = _synced_runner(args)
     if isinstance(runner, int):
         return runner
     try:
         assert runner.cache is not None
         items = [(nb, pod) for nb, pod in runner.cache.snapshot() + runner.coder_items()
-                 if session_key(nb) == (ns, name)]
+                 if session_key(nb) == key]
         if not items:
             print(f"kf-culler explain: notebook {ns}/{name} not found", file=sys.stderr)
             return 1

@@ -24,7 +24,7 @@ from typing import Any
 
 from kf_culler.ide import CODER_SERVER_TYPE
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION
-from kf_culler.targets import CODER, _gpus, _running
+from kf_culler.targets import CODER, SessionKey, _gpus, _running
 from kf_culler.timeutil import format_time, parse_time
 
 # The label Coder's upstream Kubernetes template (examples/templates/kubernetes/main.tf) puts on the workspace's
@@ -122,13 +122,12 @@ def fairness_key(key: tuple[str, str], owner: str | None = None) -> str:
     `<namespace>/<owner>` (a `/` is in no namespace); else the owner of its namespace where one is known
     (kf_culler/kube/tenants.py), `owner:<owner>` (a `:` is in no namespace), so that the namespaces of one user
     take one share; else its namespace. `key` is the pass's key (`session_key`)."""
-    namespace, name = key
-    prefix = f"{CODER.kind}/"
-    if name.startswith(prefix):
-        return f"{namespace}/{name[len(prefix):].split('.', 1)[0]}"
+    key = SessionKey(*key)
+    if key.kind == CODER.kind:
+        return f"{key.namespace}/{key.object_name.split('.', 1)[0]}"
     if owner:
         return f"owner:{owner}"
-    return namespace
+    return key.namespace
 
 
 def pods_by_workspace(pods: Iterable[dict[str, Any]], namespace: str) -> dict[str, list[dict[str, Any]]]:

@@ -33,7 +33,7 @@ from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
-from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, session_key, target_of
+from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, SessionKey, session_key, target_of
 
 if TYPE_CHECKING:
     from kf_culler.notify.notifier import Notifier
@@ -238,11 +238,11 @@ class Cycle:
         started = self.clock()
         with self.tracer.start_as_current_span("kf_culler.cycle") as span:
             chosen: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
-            pre: dict[tuple[str, str], Verdict] = {}
-            selections: dict[tuple[str, str], Selected] = {}
+            pre: dict[SessionKey, Verdict] = {}
+            selections: dict[SessionKey, Selected] = {}
             requests: list[Request] = []
-            untrusted: dict[tuple[str, str], tuple[str, str]] = {}  # not probed: (source, why)
-            carried: dict[tuple[str, str], tuple[str, Any]] = {}  # not probed, read with the session: (source, raw)
+            untrusted: dict[SessionKey, tuple[str, str]] = {}  # not probed: (source, why)
+            carried: dict[SessionKey, tuple[str, Any]] = {}  # not probed, read with the session: (source, raw)
             for nb, pod in items:
                 if not self.in_scope(nb):
                     continue
@@ -322,7 +322,7 @@ class Cycle:
         return CycleResult(started, now, time.monotonic() - t0, results, gathered.bulk_queries, interrupted, phases,
                            braked, events)
 
-    def _judge(self, nb: dict[str, Any], sel: Selected, pre: dict[tuple[str, str], Verdict], gathered: Gathered,
+    def _judge(self, nb: dict[str, Any], sel: Selected, pre: dict[SessionKey, Verdict], gathered: Gathered,
                now: datetime) -> Judged | None:
         """The notebook's verdict from what the gather found (or from its pre-probe verdict)."""
         view, key = sel.view, sel.key

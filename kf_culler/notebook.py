@@ -16,7 +16,7 @@ from kf_culler.config import GPU_MODEL_LABEL, Policy
 from kf_culler.ide import CODER_SERVER_TYPE, DEFAULT_SERVER_TYPE, NOTEBOOK_SERVER_TYPES
 from kf_culler.model import SERVER_TYPE_ANNOTATION, InputError
 from kf_culler.record import CullerRecord
-from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, is_stopped, target_of, workspace_tampered
+from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, SessionKey, is_stopped, target_of, workspace_tampered
 from kf_culler.timeutil import parse_time
 
 MAX_GPUS = 1 << 20  # a sum of huge requests stays a finite count
@@ -294,10 +294,9 @@ class NotebookView:
     stop_deadline_seconds: float | None = None
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> SessionKey:
         """The session's key in a pass (kf_culler/targets.py `session_key`)."""
-        ns, name = str(self.namespace), str(self.name)
-        return (ns, name) if self.kind == NOTEBOOKS.kind else (ns, f"{self.kind}/{name}")
+        return SessionKey.of(str(self.namespace), self.kind, str(self.name))
 
     @classmethod
     def of(cls, notebook: dict[str, Any], pod: dict[str, Any] | None, policy: Policy, *,

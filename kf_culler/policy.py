@@ -19,7 +19,7 @@ from kf_culler.config import DEFAULT_RULE, OVERRIDE_RULE_PREFIX, LabelSelector, 
 from kf_culler.model import InputError
 from kf_culler.notebook import NotebookView, gpu_count, metadata_of, server_type, string_labels
 from kf_culler.record import CullerRecord
-from kf_culler.targets import WORKLOADS, controlled_by_kind, target_of
+from kf_culler.targets import WORKLOADS, SessionKey, controlled_by_kind, target_of
 
 
 def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
@@ -106,7 +106,7 @@ class Selected:
     rule: str
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> SessionKey:
         return self.view.key
 
 

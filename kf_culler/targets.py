@@ -14,7 +14,7 @@ import contextlib
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kf_culler.ide import CODER_SERVER_TYPE
 from kf_culler.model import STOP_ANNOTATION
@@ -59,6 +59,42 @@ REPLICAS_BEFORE_ANNOTATION = "notebook-culler.io/replicas-before"
 CONTROLS_KEY = "kfCullerControls"
 
 
+class SessionKey(NamedTuple):
+    """A session's key in a pass, made once (`session_key` from its object, `SessionKey.of` from its parts,
+    `SessionKey.parse` from text) and read back only here: its namespace and its pass name, which is the
+    object's name for a v1 Notebook and `<Kind>/<name>` for every other kind (a `/` is in no object name, so
+    sessions of two kinds with one name stay two). A pair, so it reads as `(namespace, name)` wherever one is
+    logged or stored."""
+
+    namespace: str
+    name: str  # the pass name: `<name>` (a Notebook), `Workspace/<name>`, `CoderWorkspace/<owner>.<workspace>`
+
+    @classmethod
+    def of(cls, namespace: str, kind: str, name: str) -> SessionKey:
+        return cls(namespace, name if kind == NOTEBOOKS.kind else f"{kind}/{name}")
+
+    @classmethod
+    def parse(cls, text: str) -> SessionKey | None:
+        """From `NAMESPACE/NAME` (a Notebook) or `NAMESPACE/KIND/NAME`; None without a namespace or a name."""
+        namespace, _, name = text.partition("/")
+        return cls(namespace, name) if namespace and name else None
+
+    @property
+    def kind(self) -> str:
+        """The session's API kind (a Notebook when the pass name has no kind)."""
+        kind, sep, _ = self.name.partition("/")
+        return kind if sep else NOTEBOOKS.kind
+
+    @property
+    def object_name(self) -> str:
+        """The name of the session's object (without its kind)."""
+        _, sep, plain = self.name.partition("/")
+        return plain if sep else self.name
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
 def target_of(obj: Mapping[str, Any]) -> Target:
     """The target of a session object, by its `kind` (set by the API server; a user cannot change it). An
     object without one (a scenario's notebook, a replayed trace) is a v1 Notebook."""
@@ -101,15 +137,13 @@ def workspace_tampered(obj: Mapping[str, Any]) -> str | None:
     return f"the workspace controls {' and '.join(found)}, so its controller fails before it applies spec.paused"
 
 
-def session_key(obj: Mapping[str, Any]) -> Key:
-    """The session's key in a pass: (namespace, name) for a Notebook, (namespace, `Workspace/<name>`) for a
-    Workspace, so a Notebook and a Workspace of one name are two sessions (a `/` is in no object name)."""
+def session_key(obj: Mapping[str, Any]) -> SessionKey:
+    """The session's key in a pass (`SessionKey`): (namespace, name) for a Notebook, (namespace,
+    `Workspace/<name>`) for a Workspace, so a Notebook and a Workspace of one name are two sessions."""
     if not isinstance(obj, Mapping):  # not an object at all: deciding it says so
-        return "None", "None"
+        return SessionKey("None", "None")
     meta = _dict(obj.get("metadata"))
-    ns, name = str(meta.get("namespace")), str(meta.get("name"))
-    target = target_of(obj)
-    return (ns, name) if target is NOTEBOOKS else (ns, f"{target.kind}/{name}")
+    return SessionKey.of(str(meta.get("namespace")), target_of(obj).kind, str(meta.get("name")))
 
 
 def stop_body(obj: Mapping[str, Any], annotations: Mapping[str, str | None]) -> dict[str, Any]:

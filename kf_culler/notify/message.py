@@ -23,6 +23,7 @@ from typing import Any
 
 from kf_culler.config import Templates
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, STOP_ANNOTATION
+from kf_culler.targets import SessionKey
 from kf_culler.text import NAME, REASON, VALUE, cut, visible
 from kf_culler.timeutil import format_time
 
@@ -72,15 +73,15 @@ class Notice:
     trace_id: str | None = None
 
     @property
-    def key(self) -> tuple[str, str]:
-        return self.namespace, self.name
+    def key(self) -> SessionKey:
+        return SessionKey(self.namespace, self.name)
 
 
 def _object(n: Notice) -> tuple[str, str]:
     """(kubectl's resource, the object's name): a pass names a Workspace `Workspace/<name>`, a workload
     `Deployment/<name>` or `StatefulSet/<name>` (kf_culler/targets.py)."""
-    kind, sep, name = n.name.partition("/")
-    return (kind.lower(), name) if sep and kind in ("Workspace", "Deployment", "StatefulSet") else ("notebook", n.name)
+    kind, name = n.key.kind, n.key.object_name
+    return (kind.lower(), name) if kind in ("Workspace", "Deployment", "StatefulSet") else ("notebook", n.name)
 
 
 def keep_command(n: Notice) -> str | None:

@@ -237,9 +237,8 @@ class Notifier:
 
     def _failure_event(self, notice: Notice, text: str) -> None:
         stamp = format_time(datetime.now(UTC))
-        kind, sep, plain = notice.name.partition("/")  # a pass names other targets' sessions `<Kind>/<name>`
-        target = TARGETS_BY_KIND.get(kind) if sep else NOTEBOOKS
-        name = plain if sep else notice.name
+        target = TARGETS_BY_KIND.get(notice.key.kind)
+        name = notice.key.object_name
         body = {
             "metadata": {"generateName": f"{name}.", "namespace": notice.namespace},
             "involvedObject": {"apiVersion": (target or NOTEBOOKS).api_version, "kind": (target or NOTEBOOKS).kind,
