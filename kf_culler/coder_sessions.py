@@ -24,7 +24,7 @@ from typing import Any
 
 from kf_culler.ide import CODER_SERVER_TYPE
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION
-from kf_culler.targets import CODER, SessionKey, _gpus, _running
+from kf_culler.targets import CODER, SessionKey, gpus_asked, running
 from kf_culler.timeutil import format_time, parse_time
 
 # The label Coder's upstream Kubernetes template (examples/templates/kubernetes/main.tf) puts on the workspace's
@@ -151,8 +151,8 @@ def coder_pod(ws: Mapping[str, Any], pods: Mapping[str, list[dict[str, Any]]]) -
     found = pods.get(str(ws.get("id") or ""), [])
     if not found:
         return None
-    best = max((_running(p), _gpus(p)) for p in found)
-    return min((p for p in found if (_running(p), _gpus(p)) == best),
+    best = max((running(p), gpus_asked(p)) for p in found)
+    return min((p for p in found if (running(p), gpus_asked(p)) == best),
                key=lambda p: str(_dict(p.get("metadata")).get("name")))
 
 

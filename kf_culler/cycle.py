@@ -33,7 +33,7 @@ from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
-from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, SessionKey, session_key, target_of
+from kf_culler.targets import KINDS, SessionKey, session_key, target_of
 
 if TYPE_CHECKING:
     from kf_culler.notify.notifier import Notifier
@@ -266,13 +266,16 @@ class Cycle:
                     continue
                 pod_name = ((pod or {}).get("metadata") or {}).get("name")
                 source = SERVER_SOURCES.get(view.server_type)
-                if view.kind == CODER.kind:  # its IDE signal came with Coder's list: set after the gather
+                reach = KINDS[view.kind].reach  # how its target's IDE is reached
+                if reach == "carried":  # its IDE signal came with its listing (Coder's): set after the gather
                     carried[key] = (str(source), observation_of(nb))
                     source, url, tampered = None, None, None  # never probed; the GPU is still asked
+                elif reach == "endpoint":
+                    url, tampered = self._session_url(nb, view)
+                elif reach == "workload":
+                    url, tampered = self._workload_url(nb, view, source)
                 else:
-                    url, tampered = self._session_url(nb, view) if view.kind == WORKSPACES.kind else (
-                        self._workload_url(nb, view, source) if view.kind != NOTEBOOKS.kind else (
-                            None, self._tampered(nb, source)))
+                    url, tampered = None, self._tampered(nb, source)
                 if tampered is not None and source is not None:
                     untrusted[key] = (str(source), tampered)
                     source = None  # no IDE probe; the GPU is still asked
@@ -560,7 +563,7 @@ class Cycle:
         found = self.records.get(uid)
         if found is not None:
             return found
-        if target_of(nb) is not NOTEBOOKS:  # the old marks were only ever written on Notebooks
+        if not target_of(nb).old_marks:  # the old marks were only ever written on Notebooks
             return None
         ann = meta.get("annotations")
         old = imported(ann, now) if isinstance(ann, dict) and self.records.import_due(str(meta.get("namespace"))) \

@@ -31,7 +31,7 @@ from kf_culler.plan import EVENT_CONTESTED, EVENT_ORPHAN, EventSpec
 from kf_culler.policy import policy_of, selects_workload
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.coder import CoderClient, CoderError
-from kf_culler.targets import CODER, NOTEBOOKS, target_of
+from kf_culler.targets import CODER, target_of
 from kf_culler.timeutil import format_time
 
 if TYPE_CHECKING:
@@ -396,7 +396,7 @@ class Runner:
         resources = self.settings.policy.gpu_resources
         self.gpu_orphans = [o for o in self.cache.orphans if gpu_count({}, o.pod, resources) > 0]
         notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
-                     for nb, _ in snapshot if target_of(nb) is NOTEBOOKS}  # named like their pods: v1 Notebooks
+                     for nb, _ in snapshot if target_of(nb).paired_by_name}  # named like their pods: v1 Notebooks
         writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
         for o in self.gpu_orphans:
             uid = str((o.pod.get("metadata") or {}).get("uid"))
@@ -422,7 +422,7 @@ class Runner:
         gpu = self._sources[0] if self._sources is not None else None
         self.gpu_contested = list(gpu.contested) if isinstance(gpu, PrometheusGpu) else []
         notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
-                     for nb, _ in snapshot if target_of(nb) is NOTEBOOKS}  # named like their pods: v1 Notebooks
+                     for nb, _ in snapshot if target_of(nb).paired_by_name}  # named like their pods: v1 Notebooks
         writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
         for ns, pod, what in self.gpu_contested:
             if (ns, pod, what) in self._contested_told or not (self.owns is None or self.owns(ns)):

@@ -29,8 +29,7 @@ from kf_culler.notify import webhook as hooks
 from kf_culler.notify.fairqueue import FairQueue, RateLimited
 from kf_culler.notify.message import Notice, payload, render
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
-from kf_culler.targets import KINDS as TARGETS_BY_KIND
-from kf_culler.targets import NOTEBOOKS
+from kf_culler.targets import for_key
 from kf_culler.timeutil import format_time
 
 log = logging.getLogger("kf_culler.notify")
@@ -237,11 +236,11 @@ class Notifier:
 
     def _failure_event(self, notice: Notice, text: str) -> None:
         stamp = format_time(datetime.now(UTC))
-        target = TARGETS_BY_KIND.get(notice.key.kind)
+        target = for_key(notice.key)
         name = notice.key.object_name
         body = {
             "metadata": {"generateName": f"{name}.", "namespace": notice.namespace},
-            "involvedObject": {"apiVersion": (target or NOTEBOOKS).api_version, "kind": (target or NOTEBOOKS).kind,
+            "involvedObject": {"apiVersion": target.api_version, "kind": target.kind,
                                "name": name, "namespace": notice.namespace, "uid": notice.uid},
             "type": "Warning", "reason": FAILED_EVENT, "message": text[:1024],
             "source": {"component": "kf-culler"}, "reportingComponent": "kf-culler",
