@@ -91,15 +91,15 @@ def _settings(args: argparse.Namespace) -> Settings | None:
 
 def _runner(args: argparse.Namespace, settings: Settings) -> Runner | None:
     from kf_culler.kube.client import api_client, culler_namespace
-    from kf_culler.runner import Runner
+    from kf_culler.runner import build_runner
 
     try:
         api = api_client(args.kubeconfig)
     except Exception as err:
         print(f"kf-culler {args.command}: cannot load Kubernetes credentials: {err}", file=sys.stderr)
         return None
-    return Runner(settings, api, dry_run=bool(vars(args).get("dry_run")) or args.command != "run",
-                  records_namespace=culler_namespace(args.culler_namespace), brakes=args.command == "run")
+    return build_runner(settings, api, one_off=args.command != "run", dry_run=bool(vars(args).get("dry_run")),
+                        records_namespace=culler_namespace(args.culler_namespace))
 
 
 def _synced_runner(args: argparse.Namespace) -> Runner | int:

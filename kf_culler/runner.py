@@ -461,3 +461,26 @@ class Runner:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+
+
+ResultObserver = Callable[[NotebookResult], None]
+CycleObserver = Callable[[CycleResult], None]
+
+
+def build_runner(settings: Settings, api: Any, *, one_off: bool = False, dry_run: bool = False,
+                 records_namespace: str | None = None, notifier: Notifier | None = None,
+                 observe: Callable[[Callable[[], Runner]], tuple[ResultObserver, CycleObserver]] | None = None,
+                 on_event: ResultObserver | None = None, on_observed: Observer | None = None,
+                 owns: Callable[[str], bool] | None = None, held_shards: Callable[[], list[int]] | None = None,
+                 may_write: Callable[[], bool] = lambda: True) -> Runner:
+    """The one way the commands build a Runner (`run`, `check`, `explain`, the demos), with its collaborators
+    given at construction, never set afterwards. `one_off` (`check`, `explain`): nothing written and no brakes
+    (a one-off pass remembers nothing to compare with). `observe(runner_of)` makes the observers of results and
+    passes; `runner_of()` is the Runner they serve, built here with them."""
+    built: list[Runner] = []
+    on_result, on_cycle = observe(lambda: built[0]) if observe is not None else (None, None)
+    runner = Runner(settings, api, dry_run=dry_run or one_off, brakes=not one_off, records_namespace=records_namespace,
+                    notifier=notifier, on_result=on_result, on_cycle=on_cycle, on_event=on_event,
+                    on_observed=on_observed, owns=owns, held_shards=held_shards, may_write=may_write)
+    built.append(runner)
+    return runner
