@@ -18,7 +18,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes
-from kf_culler.coder_sessions import fairness_key, observation_of
 from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
 from kf_culler.gather import DNS_LABEL, Gathered, Request, gather, proxied_namespaces, template_for, url_for
@@ -33,7 +32,7 @@ from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
-from kf_culler.targets import KINDS, SessionKey, session_key, target_of
+from kf_culler.targets import KINDS, SessionKey, fairness_key, session_key, target_of
 
 if TYPE_CHECKING:
     from kf_culler.notify.notifier import Notifier
@@ -266,9 +265,10 @@ class Cycle:
                     continue
                 pod_name = ((pod or {}).get("metadata") or {}).get("name")
                 source = SERVER_SOURCES.get(view.server_type)
-                reach = KINDS[view.kind].reach  # how its target's IDE is reached
+                target = KINDS[view.kind]
+                reach = target.reach  # how its target's IDE is reached
                 if reach == "carried":  # its IDE signal came with its listing (Coder's): set after the gather
-                    carried[key] = (str(source), observation_of(nb))
+                    carried[key] = (str(source), target.carried(nb))
                     source, url, tampered = None, None, None  # never probed; the GPU is still asked
                 elif reach == "endpoint":
                     url, tampered = self._session_url(nb, view)

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 
 from kf_culler.brakes import BrakeState
-from kf_culler.coder_sessions import coder_items, unread
 from kf_culler.config import Policy, Settings
 from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, Observer, utcnow
 from kf_culler.kube.brakes import released_at
@@ -32,6 +31,7 @@ from kf_culler.policy import policy_of, selects_workload
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.coder import CoderClient, CoderError
 from kf_culler.targets import CODER, target_of
+from kf_culler.targets.coder import coder_items, unread
 from kf_culler.timeutil import format_time
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ class Runner:
         return self.coder
 
     def coder_items(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
-        """(session, pod) of every Coder workspace (kf_culler/coder_sessions.py), listed from Coder's API now and
+        """(session, pod) of every Coder workspace (kf_culler/targets/coder.py), listed from Coder's API now and
         paired with the cache's pods of the admin's Coder namespace. When Coder cannot be read, the last list's
         workspaces with no signal (never idle on that); none before a first list."""
         client, namespace = self.coder_client(), self.coder_namespace

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from kf_culler.coder_sessions import coder_session
 from kf_culler.config import Policy
 from kf_culler.decide import decide
 from kf_culler.errors import InputError
@@ -21,6 +20,7 @@ from kf_culler.model import STOP_ANNOTATION
 from kf_culler.notebook import NotebookView
 from kf_culler.notify.message import Notice, fields
 from kf_culler.targets import UnknownKind, session_key, stop_body, target_of
+from kf_culler.targets.coder import coder_session
 from kf_culler.verdict_api import route_key
 
 SHAPES = json.loads((Path(__file__).parent / "data" / "coder-workspaces-v2.36.0.json").read_text())

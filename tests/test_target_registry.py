@@ -17,10 +17,9 @@ from kf_culler.verdict_api import ONE
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kf_culler"
 # Modules that may still name a target: the local components (demo and tests' clusters), the synthetic fleet
-# and trace recorder (they make Notebook objects), the Coder target's listing and its stopper (the Coder target's
-# I/O beside the writer), and the ones that still choose by target: the cache's collections per target and the
-# runner's Coder client.
-ALLOWED = ("targets/", "local/", "demo", "replay/fleet.py", "replay/recorder.py", "coder_sessions.py", "kube/coder.py",
+# and trace recorder (they make Notebook objects), the Coder target's stopper (its I/O beside the writer), and
+# the ones that still choose by target: the cache's collections per target and the runner's Coder client.
+ALLOWED = ("targets/", "local/", "demo", "replay/fleet.py", "replay/recorder.py", "kube/coder.py",
            "kube/cache.py", "runner.py")
 CONSTANTS = re.compile(r"\b(NOTEBOOKS|WORKSPACES|DEPLOYMENTS|STATEFULSETS|WORKLOADS|CODER)\b")
 KIND_LITERAL = re.compile(r"kind\W.*[\"'](Notebook|Workspace|CoderWorkspace)[\"']")

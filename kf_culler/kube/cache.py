@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kf_culler.coder_sessions import WORKSPACE_ID_LABEL
 from kf_culler.config import GPU_MODEL_LABEL
 from kf_culler.kube import GROUP, PLURAL, VERSION
 from kf_culler.kube.liststream import list_items
@@ -36,6 +35,7 @@ from kf_culler.targets import (
     workspace_port,
     workspace_service,
 )
+from kf_culler.targets.coder import WORKSPACE_ID_LABEL
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]

@@ -20,7 +20,6 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_when_event_set, wait_exponential
 
-from kf_culler.coder_sessions import fairness_key
 from kf_culler.config import Notifications, Settings
 from kf_culler.model import RESTARTED_AT_ANNOTATION, STOP_ANNOTATION, WARNED_AT_ANNOTATION
 from kf_culler.notify import SendError
@@ -29,7 +28,7 @@ from kf_culler.notify import webhook as hooks
 from kf_culler.notify.fairqueue import FairQueue, RateLimited
 from kf_culler.notify.message import Notice, payload, render
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
-from kf_culler.targets import for_key
+from kf_culler.targets import fairness_key, for_key
 from kf_culler.timeutil import format_time
 
 log = logging.getLogger("kf_culler.notify")
@@ -105,7 +104,7 @@ class Notifier:
     # -- the pass's side: never blocks --------------------------------------------------------------
     def offer_result(self, result: Any, max_extend_minutes: float = 0.0, tenant: str | None = None) -> bool:
         """A pass's result (kf_culler.cycle.NotebookResult), with its policy's maxExtendMinutes and whose share
-        of the queue it takes (kf_culler/coder_sessions.py `fairness_key`; None: the key's own)."""
+        of the queue it takes (kf_culler/targets/coder.py `fairness_key`; None: the key's own)."""
         notice = notice_for(result, max_extend_minutes)
         return notice is not None and self.offer(notice, tenant)
 

@@ -33,7 +33,7 @@ from kf_culler.targets.base import (
     statefulset_member,
     uid_of,
 )
-from kf_culler.targets.coder import CODER
+from kf_culler.targets.coder import CODER, fairness_key
 from kf_culler.targets.notebooks import NOTEBOOKS
 from kf_culler.targets.workloads import (
     DEPLOYMENTS,
@@ -87,6 +87,7 @@ __all__ = [
     "UnknownKind",
     "controlled_by_kind",
     "controller_of",
+    "fairness_key",
     "for_key",
     "gpus_asked",
     "is_stopped",

@@ -76,6 +76,10 @@ class Target:
         """Why its controller cannot act on it, or None."""
         return None
 
+    def carried(self, obj: Mapping[str, Any]) -> Any:
+        """Its IDE's reading as its listing carried it (`reach` "carried"): the observation of its source."""
+        return {"error": "this kind of session carries no reading"}
+
     def reclaim(self, pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
         """(kind, name, uid) of what the culler may scale to 0 when its stop did not take and `pod` still runs
         (kf_culler/rules/untaken.py), or None: report only."""
