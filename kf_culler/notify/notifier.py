@@ -34,7 +34,7 @@ from kf_culler.timeutil import format_time
 log = logging.getLogger("kf_culler.notify")
 FAILED_EVENT = "NotificationFailed"
 # The event a pass planned, the mark its patch must have added, and the notice's kind.
-KINDS = {EVENT_WARN: (WARNED_AT_ANNOTATION, "warn"), EVENT_STOP: (STOP_ANNOTATION, "stop"),
+MARKS = {EVENT_WARN: (WARNED_AT_ANNOTATION, "warn"), EVENT_STOP: (STOP_ANNOTATION, "stop"),
          EVENT_RESTART: (RESTARTED_AT_ANNOTATION, "restart")}
 
 
@@ -49,7 +49,7 @@ def notice_for(result: Any, max_extend_minutes: float = 0) -> Notice | None:
     w = getattr(result, "write", None)
     if w is None or w.outcome != "patched" or w.plan is None or w.plan.event is None:
         return None
-    mark_kind = KINDS.get(w.plan.event.reason)
+    mark_kind = MARKS.get(w.plan.event.reason)
     if mark_kind is None or w.plan.annotations.get(mark_kind[0]) is None:
         return None
     v = result.verdict
