@@ -48,7 +48,7 @@ hold: a warning harms nobody. The caps (`max_*_per_pass`, 0 for none) are a sepa
 with the brakes disabled too, and let through the namespaces in turn, each one's stops due first (one
 tenant's many due stops take one place a round, not the whole cap).
 
-"Namespace" above is a session's `tenant` where the cycle gives one (kf_culler/coder_sessions.py
+"Namespace" above is a session's `tenant` where the cycle gives one (kf_culler/targets/coder.py
 `fairness_key`): a Coder workspace's is its Coder owner (all Coder workspaces are in the admin's one
 namespace); another session's is its namespace's owner where the user cannot forge it, a Kubeflow Profile's
 `spec.owner.name` or an OpenShift project's `openshift.io/requester` (read by the shell,

@@ -94,15 +94,15 @@ def _settings(args: argparse.Namespace) -> Settings | None:
 
 def _runner(args: argparse.Namespace, settings: Settings) -> Runner | None:
     from kf_culler.kube.client import api_client, culler_namespace
-    from kf_culler.runner import Runner
+    from kf_culler.runner import build_runner
 
     try:
         api = api_client(args.kubeconfig)
     except Exception as err:
         print(f"kf-culler {args.command}: cannot load Kubernetes credentials: {err}", file=sys.stderr)
         return None
-    return Runner(settings, api, dry_run=bool(vars(args).get("dry_run")) or args.command != "run",
-                  records_namespace=culler_namespace(args.culler_namespace), brakes=args.command == "run")
+    return build_runner(settings, api, one_off=args.command != "run", dry_run=bool(vars(args).get("dry_run")),
+                        records_namespace=culler_namespace(args.culler_namespace))
 
 
 def _synced_runner(args: argparse.Namespace) -> Runner | int:
@@ -152,20 +152,21 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from kf_culler.report import explain
-    from kf_culler.targets import session_key
+    from kf_culler.targets import SessionKey, session_key
 
-    ns, sep, name = args.notebook.partition("/")
-    if not sep or not ns or not name:
+    key = SessionKey.parse(args.notebook)
+    if key is None:
         print("kf-culler explain: give the notebook as NAMESPACE/NAME (another target's session as "
               "NAMESPACE/Workspace/NAME, NAMESPACE/Deployment/NAME, ...)", file=sys.stderr)
         return 2
+    ns, name = key
     runner = _synced_runner(args)
     if isinstance(runner, int):
         return runner
     try:
         assert runner.cache is not None
         items = [(nb, pod) for nb, pod in runner.cache.snapshot() + runner.coder_items()
-                 if session_key(nb) == (ns, name)]
+                 if session_key(nb) == key]
         if not items:
             print(f"kf-culler explain: notebook {ns}/{name} not found", file=sys.stderr)
             return 1

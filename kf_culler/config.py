@@ -521,7 +521,7 @@ class Operations(_Model):
     # Split the notebooks by namespace into this many shards, each held by one replica through its own
     # Lease (`run --leader-elect`); 1: one Lease, one writer (docs/install.md, "Scaling out").
     shards: int = Field(default=1, ge=1, le=256)
-    # What the culler culls (kf_culler/targets.py, docs/targets.md): Kubeflow v1 Notebooks, Kubeflow
+    # What the culler culls (kf_culler/targets/, docs/targets.md): Kubeflow v1 Notebooks, Kubeflow
     # Notebooks 2.0 Workspaces, or both.
     targets: tuple[Literal["notebooks", "workspaces", "workloads", "coder"], ...] = Field(
         default=("notebooks",), strict=False, min_length=1)

@@ -18,7 +18,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes
-from kf_culler.coder_sessions import fairness_key, observation_of
 from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
 from kf_culler.gather import DNS_LABEL, Gathered, Request, gather, proxied_namespaces, template_for, url_for
@@ -33,7 +32,7 @@ from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
-from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, session_key, target_of
+from kf_culler.targets import KINDS, SessionKey, fairness_key, session_key, target_of
 
 if TYPE_CHECKING:
     from kf_culler.notify.notifier import Notifier
@@ -238,11 +237,11 @@ class Cycle:
         started = self.clock()
         with self.tracer.start_as_current_span("kf_culler.cycle") as span:
             chosen: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
-            pre: dict[tuple[str, str], Verdict] = {}
-            selections: dict[tuple[str, str], Selected] = {}
+            pre: dict[SessionKey, Verdict] = {}
+            selections: dict[SessionKey, Selected] = {}
             requests: list[Request] = []
-            untrusted: dict[tuple[str, str], tuple[str, str]] = {}  # not probed: (source, why)
-            carried: dict[tuple[str, str], tuple[str, Any]] = {}  # not probed, read with the session: (source, raw)
+            untrusted: dict[SessionKey, tuple[str, str]] = {}  # not probed: (source, why)
+            carried: dict[SessionKey, tuple[str, Any]] = {}  # not probed, read with the session: (source, raw)
             for nb, pod in items:
                 if not self.in_scope(nb):
                     continue
@@ -266,13 +265,17 @@ class Cycle:
                     continue
                 pod_name = ((pod or {}).get("metadata") or {}).get("name")
                 source = SERVER_SOURCES.get(view.server_type)
-                if view.kind == CODER.kind:  # its IDE signal came with Coder's list: set after the gather
-                    carried[key] = (str(source), observation_of(nb))
+                target = KINDS[view.kind]
+                reach = target.reach  # how its target's IDE is reached
+                if reach == "carried":  # its IDE signal came with its listing (Coder's): set after the gather
+                    carried[key] = (str(source), target.carried(nb))
                     source, url, tampered = None, None, None  # never probed; the GPU is still asked
+                elif reach == "endpoint":
+                    url, tampered = self._session_url(nb, view)
+                elif reach == "workload":
+                    url, tampered = self._workload_url(nb, view, source)
                 else:
-                    url, tampered = self._session_url(nb, view) if view.kind == WORKSPACES.kind else (
-                        self._workload_url(nb, view, source) if view.kind != NOTEBOOKS.kind else (
-                            None, self._tampered(nb, source)))
+                    url, tampered = None, self._tampered(nb, source)
                 if tampered is not None and source is not None:
                     untrusted[key] = (str(source), tampered)
                     source = None  # no IDE probe; the GPU is still asked
@@ -322,7 +325,7 @@ class Cycle:
         return CycleResult(started, now, time.monotonic() - t0, results, gathered.bulk_queries, interrupted, phases,
                            braked, events)
 
-    def _judge(self, nb: dict[str, Any], sel: Selected, pre: dict[tuple[str, str], Verdict], gathered: Gathered,
+    def _judge(self, nb: dict[str, Any], sel: Selected, pre: dict[SessionKey, Verdict], gathered: Gathered,
                now: datetime) -> Judged | None:
         """The notebook's verdict from what the gather found (or from its pre-probe verdict)."""
         view, key = sel.view, sel.key
@@ -560,7 +563,7 @@ class Cycle:
         found = self.records.get(uid)
         if found is not None:
             return found
-        if target_of(nb) is not NOTEBOOKS:  # the old marks were only ever written on Notebooks
+        if not target_of(nb).old_marks:  # the old marks were only ever written on Notebooks
             return None
         ann = meta.get("annotations")
         old = imported(ann, now) if isinstance(ann, dict) and self.records.import_due(str(meta.get("namespace"))) \

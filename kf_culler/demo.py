@@ -21,7 +21,7 @@ from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.notify.notifier import Notifier
 from kf_culler.report import table
-from kf_culler.runner import Runner
+from kf_culler.runner import Runner, build_runner
 
 if TYPE_CHECKING:
     from kf_culler.local.inbox import Inbox
@@ -82,12 +82,12 @@ def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0
         say(f"3. Running the culler: idle limit {idle_seconds:g} s, a warning {warn_seconds:g} s before the "
             "stop, a pass every 3 s.")
         say()
-        runner = Runner(settings, api)
         if inbox is not None:
             say(f"   Notices go by mail to {USER_EMAIL} (the namespace's {NOTIFY_EMAIL_ANNOTATION}) and to a "
                 "webhook, both served on loopback by the demo.")
             say()
-            notifier = runner.notifier = Notifier.for_settings(settings, api)
+            notifier = Notifier.for_settings(settings, api)
+        runner = build_runner(settings, api, notifier=notifier)
         runner.start_cache(30)
         last_table = ""
         stopped_at: float | None = None

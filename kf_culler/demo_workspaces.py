@@ -32,7 +32,7 @@ from kf_culler.local.workspaces import (
 from kf_culler.model import REASON_ANNOTATION, STATE_ANNOTATION, STOPPED_BY_ANNOTATION
 from kf_culler.plan import EVENT_STOP
 from kf_culler.report import table
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 
 TIMEOUT = 60.0
 
@@ -101,7 +101,7 @@ def _story(api: Any, say: Any, idle_seconds: float) -> int:
             "idleMinutes": idle_seconds / 60, "warnMinutes": 0, "startupGraceMinutes": 0.1,
             "urls": {"workspace": f"{router.base}/ws/{{namespace}}/{{name}}{{path}}"}}, "demo")
         say(f"4. The culler (targets: [workspaces], idle limit {idle_seconds:g} s) runs a pass every 2 s ...")
-        with Runner(settings, api, records_namespace=ns) as runner:
+        with build_runner(settings, api, records_namespace=ns) as runner:
             deadline = time.monotonic() + idle_seconds + TIMEOUT
             while True:
                 result = runner.once()

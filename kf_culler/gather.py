@@ -37,7 +37,7 @@ class Request:
     source: str | None  # "jupyter" | "codeServer" | "rstudio" | None
     gpu: bool
     # The IDE's base URL when the session's target gives it (a Workspace: its own Service's port and path,
-    # kf_culler/targets.py), built from objects the user cannot point elsewhere; None: the `urls` template.
+    # kf_culler/targets/), built from objects the user cannot point elsewhere; None: the `urls` template.
     url: str | None = None
 
 

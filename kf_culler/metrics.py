@@ -28,7 +28,7 @@ from kf_culler.model import (
     State,
 )
 from kf_culler.stopped import LongStopped
-from kf_culler.targets import KINDS, NOTEBOOKS, target_of
+from kf_culler.targets import KINDS, SessionKey, target_of
 from kf_culler.timeutil import parse_time
 
 STATES: tuple[str, ...] = get_args(State)
@@ -136,7 +136,7 @@ class Metrics:
             self.notebooks.labels(state).set(n)
         not_taken = {kind: 0 for kind in KINDS}
         for key in not_taken_keys(result):
-            kind = key[1].partition("/")[0] if "/" in key[1] else NOTEBOOKS.kind
+            kind = SessionKey(*key).kind
             not_taken[kind] = not_taken.get(kind, 0) + 1
         for kind, n in not_taken.items():
             self.not_taken.labels(kind).set(n)
@@ -169,7 +169,7 @@ class Metrics:
             ann = meta.get("annotations") or {}
             held = (str(meta.get("namespace")), str(meta.get("name")))
             if STOP_ANNOTATION not in ann or held in orphaned or held in not_taken \
-                    or target_of(nb) is not NOTEBOOKS:  # other targets' stops are not this annotation (docs/targets.md)
+                    or not target_of(nb).stop_is_annotation:  # other targets' stops are not it (docs/targets.md)
                 continue
             ours = stopped_by_culler(nb) if stopped_by_culler is not None else (
                 ann.get(STOPPED_BY_ANNOTATION) == STOPPED_BY_VALUE)

@@ -13,10 +13,10 @@ from datetime import datetime
 from typing import Any
 
 from kf_culler.config import GPU_MODEL_LABEL, Policy
-from kf_culler.ide import CODER_SERVER_TYPE, DEFAULT_SERVER_TYPE, NOTEBOOK_SERVER_TYPES
+from kf_culler.ide import DEFAULT_SERVER_TYPE, NOTEBOOK_SERVER_TYPES
 from kf_culler.model import SERVER_TYPE_ANNOTATION, InputError
 from kf_culler.record import CullerRecord
-from kf_culler.targets import CODER, NOTEBOOKS, WORKSPACES, is_stopped, target_of, workspace_tampered
+from kf_culler.targets import BARE_KIND, SessionKey, target_of
 from kf_culler.timeutil import parse_time
 
 MAX_GPUS = 1 << 20  # a sum of huge requests stays a finite count
@@ -185,12 +185,13 @@ def server_type(notebook: dict[str, Any], policy: Policy, pod: dict[str, Any] | 
     first container's image rule (a Workspace has no pod template of its own: its pod's), else Jupyter. An
     unknown annotation value is Jupyter, Kubeflow's default (rule 16): writing another value never turns the
     probe off. A Coder workspace is always Coder, and nothing else can be (kf_culler/ide.py)."""
-    if target_of(notebook) is CODER:
-        return CODER_SERVER_TYPE
+    target = target_of(notebook)
+    if target.server_type is not None:
+        return target.server_type
     value = declared_server_type(notebook)
     if value is not None:
         return value if value in NOTEBOOK_SERVER_TYPES else DEFAULT_SERVER_TYPE
-    first = pod_containers(pod) if target_of(notebook) is WORKSPACES else template_containers(notebook)
+    first = pod_containers(pod) if target.image_from_pod else template_containers(notebook)
     for c in first[:1]:
         image = c.get("image")
         if isinstance(image, str):
@@ -283,21 +284,20 @@ class NotebookView:
     record: CullerRecord | None = None  # what the culler itself recorded about this uid (rule 15)
     access_problem: str | None = None  # the culler's own access is confirmed missing (rule 16)
     unknown_server_type: str | None = None  # the annotation's value when it is not a known type (rule 16)
-    kind: str = NOTEBOOKS.kind  # the session's kind (kf_culler/targets.py): Notebook, Workspace
+    kind: str = BARE_KIND  # the session's kind (kf_culler/targets/): Notebook, Workspace, ...
     stopped: bool = False  # stopped by its target's meaning (rule 1): the stop annotation, spec.paused
     # Its stop is written (the stop annotation, spec.paused, replicas 0), whether or not it took: `stopped` but
     # for a Workspace its controller cannot act on (`tampered`) while a pod of it holds a GPU.
     stop_written: bool = False
-    tampered: str | None = None  # why the session's controller cannot act on it (kf_culler/targets.py)
+    tampered: str | None = None  # why the session's controller cannot act on it (kf_culler/targets/)
     # How long after the culler's own stop the session's pod must be gone (`stopDeadlineMinutes`, rule 1,
     # kf_culler/rules/untaken.py); None: not checked. Set by whoever runs the rules (the cycle, `decide`).
     stop_deadline_seconds: float | None = None
 
     @property
-    def key(self) -> tuple[str, str]:
-        """The session's key in a pass (kf_culler/targets.py `session_key`)."""
-        ns, name = str(self.namespace), str(self.name)
-        return (ns, name) if self.kind == NOTEBOOKS.kind else (ns, f"{self.kind}/{name}")
+    def key(self) -> SessionKey:
+        """The session's key in a pass (kf_culler/targets/ `session_key`)."""
+        return SessionKey.of(str(self.namespace), self.kind, str(self.name))
 
     @classmethod
     def of(cls, notebook: dict[str, Any], pod: dict[str, Any] | None, policy: Policy, *,
@@ -314,7 +314,8 @@ class NotebookView:
         meta = metadata_of(notebook)
         ns, name = meta.get("namespace"), meta.get("name")
         declared = declared_server_type(notebook)
-        written, tampered = is_stopped(notebook), workspace_tampered(notebook)
+        target = target_of(notebook)  # UnknownKind (an InputError) for a kind no target handles
+        written, tampered = target.is_stopped(notebook), target.tampered(notebook)
         gpus = gpu_count(notebook, pod, policy.gpu_resources)
         holding = pod_start(pod) is not None and gpus > 0  # a running pod holds its GPUs
         return cls(
@@ -332,8 +333,8 @@ class NotebookView:
             record=record,
             access_problem=access_problem,
             unknown_server_type=declared if declared is not None and declared not in NOTEBOOK_SERVER_TYPES
-            and target_of(notebook) is not CODER else None,
-            kind=target_of(notebook).kind,
+            and target.server_type is None else None,
+            kind=target.kind,
             stopped=written and not (tampered is not None and holding),
             stop_written=written,
             tampered=tampered,

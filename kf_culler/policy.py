@@ -19,7 +19,7 @@ from kf_culler.config import DEFAULT_RULE, OVERRIDE_RULE_PREFIX, LabelSelector, 
 from kf_culler.model import InputError
 from kf_culler.notebook import NotebookView, gpu_count, metadata_of, server_type, string_labels
 from kf_culler.record import CullerRecord
-from kf_culler.targets import WORKLOADS, controlled_by_kind, target_of
+from kf_culler.targets import SessionKey, controlled_by_kind, is_workload
 
 
 def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
@@ -106,7 +106,7 @@ class Selected:
     rule: str
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> SessionKey:
         return self.view.key
 
 
@@ -134,11 +134,11 @@ def selects_workload(workload: dict[str, Any], settings: Settings) -> bool:
     `workloads.kinds` names, not controlled by a kind of `workloads.skipControlledBy` in a namespace named with it,
     and with the labels of `workloads.selector` or, with `workloads.gpuWorkloads`, a pod template asking for a GPU
     (its owner cannot relabel that away). The StatefulSets Notebook and Workspace sessions are paired with are left
-    out later (kf_culler/targets.py `session_statefulset`): other ownerReferences are their owner's to write."""
+    out later (kf_culler/targets/ `session_statefulset`): other ownerReferences are their owner's to write."""
     chosen = settings.operations.workloads
     if chosen is None or not isinstance(workload, dict) or controlled_by_kind(workload, chosen.skips):
         return False
-    if target_of(workload) not in WORKLOADS or workload.get("kind") not in chosen.kinds:
+    if not is_workload(workload) or workload.get("kind") not in chosen.kinds:
         return False
     if chosen.selector is not None and selector_matches(chosen.selector, string_labels(workload)):
         return True

@@ -184,7 +184,7 @@ CODER_BUILD_STATUSES = ("pending", "starting", "running", "stopping", "stopped",
 
 def parse_coder(raw: object) -> IdeReading:
     """`{"connected": bool, "lastUsedAt": RFC3339|null, "build": latest build status, "agents": str}`: what
-    Coder's `GET /api/v2/workspaces` says of one workspace (kf_culler/coder_sessions.py `coder_reading`).
+    Coder's `GET /api/v2/workspaces` says of one workspace (kf_culler/targets/coder.py `coder_reading`).
 
     Connected is never active (like code-server, `connection_is_only_signal`): Coder knows connections, not
     work. `lastUsedAt` is the last moment Coder saw the workspace used (a connection, an app, `coder ssh`,

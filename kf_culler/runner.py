@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 
 from kf_culler.brakes import BrakeState
-from kf_culler.coder_sessions import coder_items, unread
 from kf_culler.config import Policy, Settings
 from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, Observer, utcnow
 from kf_culler.kube.brakes import released_at
@@ -31,7 +30,8 @@ from kf_culler.plan import EVENT_CONTESTED, EVENT_ORPHAN, EventSpec
 from kf_culler.policy import policy_of, selects_workload
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.coder import CoderClient, CoderError
-from kf_culler.targets import CODER, NOTEBOOKS, target_of
+from kf_culler.targets import CODER, target_of
+from kf_culler.targets.coder import coder_items, unread
 from kf_culler.timeutil import format_time
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ class Runner:
         return self.coder
 
     def coder_items(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
-        """(session, pod) of every Coder workspace (kf_culler/coder_sessions.py), listed from Coder's API now and
+        """(session, pod) of every Coder workspace (kf_culler/targets/coder.py), listed from Coder's API now and
         paired with the cache's pods of the admin's Coder namespace. When Coder cannot be read, the last list's
         workspaces with no signal (never idle on that); none before a first list."""
         client, namespace = self.coder_client(), self.coder_namespace
@@ -396,7 +396,7 @@ class Runner:
         resources = self.settings.policy.gpu_resources
         self.gpu_orphans = [o for o in self.cache.orphans if gpu_count({}, o.pod, resources) > 0]
         notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
-                     for nb, _ in snapshot if target_of(nb) is NOTEBOOKS}  # named like their pods: v1 Notebooks
+                     for nb, _ in snapshot if target_of(nb).paired_by_name}  # named like their pods: v1 Notebooks
         writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
         for o in self.gpu_orphans:
             uid = str((o.pod.get("metadata") or {}).get("uid"))
@@ -422,7 +422,7 @@ class Runner:
         gpu = self._sources[0] if self._sources is not None else None
         self.gpu_contested = list(gpu.contested) if isinstance(gpu, PrometheusGpu) else []
         notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
-                     for nb, _ in snapshot if target_of(nb) is NOTEBOOKS}  # named like their pods: v1 Notebooks
+                     for nb, _ in snapshot if target_of(nb).paired_by_name}  # named like their pods: v1 Notebooks
         writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
         for ns, pod, what in self.gpu_contested:
             if (ns, pod, what) in self._contested_told or not (self.owns is None or self.owns(ns)):
@@ -461,3 +461,26 @@ class Runner:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+
+
+ResultObserver = Callable[[NotebookResult], None]
+CycleObserver = Callable[[CycleResult], None]
+
+
+def build_runner(settings: Settings, api: Any, *, one_off: bool = False, dry_run: bool = False,
+                 records_namespace: str | None = None, notifier: Notifier | None = None,
+                 observe: Callable[[Callable[[], Runner]], tuple[ResultObserver, CycleObserver]] | None = None,
+                 on_event: ResultObserver | None = None, on_observed: Observer | None = None,
+                 owns: Callable[[str], bool] | None = None, held_shards: Callable[[], list[int]] | None = None,
+                 may_write: Callable[[], bool] = lambda: True) -> Runner:
+    """The one way the commands build a Runner (`run`, `check`, `explain`, the demos), with its collaborators
+    given at construction, never set afterwards. `one_off` (`check`, `explain`): nothing written and no brakes
+    (a one-off pass remembers nothing to compare with). `observe(runner_of)` makes the observers of results and
+    passes; `runner_of()` is the Runner they serve, built here with them."""
+    built: list[Runner] = []
+    on_result, on_cycle = observe(lambda: built[0]) if observe is not None else (None, None)
+    runner = Runner(settings, api, dry_run=dry_run or one_off, brakes=not one_off, records_namespace=records_namespace,
+                    notifier=notifier, on_result=on_result, on_cycle=on_cycle, on_event=on_event,
+                    on_observed=on_observed, owns=owns, held_shards=held_shards, may_write=may_write)
+    built.append(runner)
+    return runner

@@ -17,7 +17,7 @@ from kf_culler.kube.tokens import TokenReviewer
 from kf_culler.metrics import ApiServer, HealthServer, Metrics, not_taken_keys
 from kf_culler.replay.recorder import TraceRecorder
 from kf_culler.rule_check import loosening_rule_warnings
-from kf_culler.runner import Runner, gpu_history_warning
+from kf_culler.runner import Runner, build_runner, gpu_history_warning
 from kf_culler.stopped import long_stopped_in
 from kf_culler.telemetry import setup_logging, setup_tracing
 from kf_culler.timeutil import format_time
@@ -189,14 +189,11 @@ def serve(settings: Settings, api: Any, opts: Options) -> int:
         from kf_culler.notify.notifier import Notifier
 
         notifier = Notifier.for_settings(settings, api, metrics)
-    built: list[Runner] = []
-    on_result, on_cycle = observers(lambda: built[0], metrics, elector, store)
-    runner = Runner(settings, api, dry_run=opts.dry_run, records_namespace=opts.records_namespace,
-                    on_result=on_result, on_cycle=on_cycle, on_event=metrics.observe_event,
-                    on_observed=recorder.record if recorder else None,
-                    owns=owns, held_shards=shards.held if shards is not None else None, may_write=may_write,
-                    notifier=notifier)
-    built.append(runner)
+    runner = build_runner(settings, api, dry_run=opts.dry_run, records_namespace=opts.records_namespace,
+                          observe=lambda runner_of: observers(runner_of, metrics, elector, store),
+                          on_event=metrics.observe_event, on_observed=recorder.record if recorder else None,
+                          owns=owns, held_shards=shards.held if shards is not None else None, may_write=may_write,
+                          notifier=notifier)
     runner.install_signal_handlers()
     servers: list[HealthServer | ApiServer] = []
     if opts.metrics_address:

@@ -15,7 +15,7 @@ from kf_culler.config import Policy, Settings
 from kf_culler.model import STOP_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION
 from kf_culler.notebook import annotations_of, as_dict, gpu_count, metadata_of
 from kf_culler.policy import policy_of
-from kf_culler.targets import NOTEBOOKS, target_of
+from kf_culler.targets import target_of
 from kf_culler.timeutil import format_time, parse_time
 
 
@@ -79,6 +79,6 @@ def long_stopped_in(settings: Settings, notebooks: Iterable[dict[str, Any]], now
     namespace labels."""
     ops = settings.operations
     chosen = (nb for nb in notebooks if ops.namespaces.selects(str(metadata_of(nb).get("namespace", "")))
-              and target_of(nb) is NOTEBOOKS)  # Notebooks only (docs/targets.md, "Limits")
+              and target_of(nb).stop_is_annotation)  # Notebooks only (docs/targets.md, "Limits")
     choose = policy_for or (lambda nb: policy_of(nb, None, settings)[0])
     return long_stopped(chosen, now, ops.long_stopped_days, lambda nb: choose(nb).gpu_resources)

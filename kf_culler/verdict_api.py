@@ -24,6 +24,7 @@ from urllib.parse import parse_qs
 
 from kf_culler.kube.tokens import ReviewThrottled, ReviewUnavailable, TokenReviewer
 from kf_culler.slots import Peer
+from kf_culler.targets import ROUTES, SessionKey
 from kf_culler.timeutil import format_time
 from kf_culler.verdicts import VerdictStore
 
@@ -32,11 +33,17 @@ PREFIX = "/api/v1/"
 MAX_LIST_ITEMS = 500  # items per list response (?limit= may ask for fewer)
 MAX_LIST_BYTES = 1024 * 1024  # a list response stops before its body would pass this
 _NAME = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
-# The session kinds by their route's resource; a pass names them `Workspace/<name>`, ... (kf_culler/targets.py).
-KINDS = {"notebooks": "", "workspaces": "Workspace/", "deployments": "Deployment/", "statefulsets": "StatefulSet/"}
-ONE = re.compile(rf"^/api/v1/namespaces/({_NAME})/({'|'.join(KINDS)})/({_NAME})$")
+# One route per target (kf_culler/targets/ `ROUTES`: `notebooks`, `workspaces`, ..., `coderworkspaces`).
+ONE = re.compile(rf"^/api/v1/namespaces/({_NAME})/({'|'.join(map(re.escape, ROUTES))})/({_NAME})$")
 LIST = re.compile(rf"^/api/v1/namespaces/({_NAME})/notebooks/?$")
 JSON = "application/json"
+
+
+def route_key(path: str) -> SessionKey | None:
+    """The session a one-session route names (`/api/v1/namespaces/<ns>/<route>/<name>`, a route per target), or
+    None when the path is not one."""
+    one = ONE.match(path)
+    return SessionKey.of(one.group(1), ROUTES[one.group(2)].kind, one.group(3)) if one else None
 
 
 @dataclass
@@ -92,8 +99,9 @@ class VerdictApi:
         if self.store.passes == 0:
             return _status(503, "ServiceUnavailable", "no pass has completed yet", **{"Retry-After": "10"})
         if one:
-            name = KINDS[one.group(2)] + one.group(3)
-            found = self.store.get(namespace, name)
+            key = route_key(path)
+            assert key is not None  # `one` matched
+            found = self.store.get(*key)
             if found is None:
                 return _status(404, "NotFound", f"no verdict for {one.group(2)[:-1]} {namespace}/{one.group(3)}")
             return _json(200, {"kind": "NotebookVerdict", **found})

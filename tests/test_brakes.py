@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes, limits_problem
-from kf_culler.coder_sessions import fairness_key
+from kf_culler.targets.coder import fairness_key
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 LIMITS = BrakeLimits()
@@ -349,7 +349,7 @@ def flapping_night(passes: int, profiles: int, *, others: int = 0, zero_at: int 
     in every pass (as a new one would come due); `others` namespaces have a GPU notebook at work, until pass
     `zero_at`, from which on every GPU reads 0 (a restarted dcgm-exporter). `rename`: the flipped notebook is a
     new one every two passes (`flip-<n>`). `owners`: the owner of each namespace named (kf_culler/kube/tenants.py),
-    the sessions' tenant as the cycle gives it (kf_culler/coder_sessions.py `fairness_key`)."""
+    the sessions' tenant as the cycle gives it (kf_culler/targets/coder.py `fairness_key`)."""
     state, outcomes = BrakeState(), []
     for i in range(passes):
         zeroed = zero_at is not None and i >= zero_at

@@ -16,13 +16,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from kf_culler.coder_sessions import (
-    CONNECTED_SECONDS,
-    WORKSPACE_ID_LABEL,
-    coder_items,
-    coder_session,
-    user_extension,
-)
 from kf_culler.config import ConfigError, Policy, load_mapping
 from kf_culler.decide import decide
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION
@@ -30,6 +23,13 @@ from kf_culler.notebook import NotebookView
 from kf_culler.readings import Unreadable, parse_coder
 from kf_culler.sources.coder import CoderClient, CoderError
 from kf_culler.targets import CODER, is_stopped, session_key, target_of
+from kf_culler.targets.coder import (
+    CONNECTED_SECONDS,
+    WORKSPACE_ID_LABEL,
+    coder_items,
+    coder_session,
+    user_extension,
+)
 from kf_culler.timeutil import format_time, parse_time
 
 SHAPES = json.loads((Path(__file__).parent / "data" / "coder-workspaces-v2.36.0.json").read_text())
@@ -303,8 +303,8 @@ def test_more_workspaces_than_max_judges_the_first_in_a_stable_order(stub: str, 
 def test_fairness_is_keyed_by_the_coder_owner() -> None:
     """Every Coder workspace is in the admin's one namespace: the notices' queue and the brakes take each Coder
     owner as a tenant of its own, so one Coder user's flood waits behind their own notices only."""
-    from kf_culler.coder_sessions import fairness_key
     from kf_culler.notify.fairqueue import FairQueue
+    from kf_culler.targets.coder import fairness_key
 
     alice, bob = many({"alice": 1, "bob": 1})[::-1]
     now = t(alice["last_used_at"])
@@ -321,7 +321,7 @@ def test_fairness_is_keyed_by_the_coder_owner() -> None:
 def test_the_brakes_weigh_coder_owners_as_tenants() -> None:
     """One Coder user's ten workspaces turning idle are one tenant among four, not the whole of one namespace."""
     from kf_culler.brakes import BrakeLimits, BrakeState, Seen, apply_brakes
-    from kf_culler.coder_sessions import fairness_key
+    from kf_culler.targets.coder import fairness_key
 
     now = datetime(2026, 12, 1, tzinfo=UTC)
     owners = many({"mallory": 10, "alice": 1, "bob": 1, "carol": 1})

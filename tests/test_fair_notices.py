@@ -58,15 +58,15 @@ def test_join_waits_for_every_notice() -> None:
 
 
 def test_one_owners_namespaces_share_one_queue() -> None:
-    """The notifier queues a notice under the tenant the pass gives (kf_culler/coder_sessions.py `fairness_key`):
+    """The notifier queues a notice under the tenant the pass gives (kf_culler/targets/coder.py `fairness_key`):
     one owner's notices from three namespaces of theirs share one queue's bound (queuePerNamespace 2), while a
     namespace with no owner known has its own."""
     from datetime import UTC, datetime
 
-    from kf_culler.coder_sessions import fairness_key
     from kf_culler.config import load_mapping
     from kf_culler.notify.message import Notice
     from kf_culler.notify.notifier import Notifier
+    from kf_culler.targets.coder import fairness_key
 
     settings = load_mapping({"notifications": {"queuePerNamespace": 2}}, "test").operations.notifications
     notifier = Notifier(settings)  # not started: the queue keeps what is offered

@@ -10,7 +10,7 @@ notices, Istio policies, the prober identities, the workloads' /scale...), where
 was run. Its over-approximations, each said where it is made:
   - the custom-object calls whose group and plural are not constants (kf_culler/kube/writer.py's patch and
     re-read, whatever session kind it stops) count for every session kind the culler reads from the API
-    server (kf_culler/targets.py: Notebooks, Workspaces, Deployments, StatefulSets);
+    server (kf_culler/targets/: Notebooks, Workspaces, Deployments, StatefulSets);
   - a list function handed to the cache (kf_culler/kube/cache.py) is listed, then watched.
 Resource names (`resourceNames`) and namespaces are not compared: a rule with either still grants its verb.
 """

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kf_culler.coder_sessions import WORKSPACE_ID_LABEL
 from kf_culler.config import GPU_MODEL_LABEL
 from kf_culler.kube import GROUP, PLURAL, VERSION
 from kf_culler.kube.liststream import list_items
@@ -36,6 +35,7 @@ from kf_culler.targets import (
     workspace_port,
     workspace_service,
 )
+from kf_culler.targets.coder import WORKSPACE_ID_LABEL
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -209,7 +209,7 @@ WORKSPACE_STATUS = ("state", "pauseTime", "lastRunningTime")
 
 
 def _slim_workspace(obj: dict[str, Any]) -> dict[str, Any]:
-    """What the culler reads of a Workspace (Kubeflow Notebooks 2.0, kf_culler/targets.py): identity, labels and
+    """What the culler reads of a Workspace (Kubeflow Notebooks 2.0, kf_culler/targets/): identity, labels and
     annotations, `spec.paused`, its kind and chosen options, and the controller's state. Never its
     `status.activity`, which is the controller's own culling's."""
     meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
@@ -225,7 +225,7 @@ def _slim_workspace(obj: dict[str, Any]) -> dict[str, Any]:
 
 def _slim_workspace_kind(obj: dict[str, Any]) -> dict[str, Any]:
     """A WorkspaceKind's ports (ids, protocol, whether the app serves at `/`) and its images' port numbers:
-    how a Workspace's IDE is reached (kf_culler/targets.py `workspace_port`)."""
+    how a Workspace's IDE is reached (kf_culler/targets/ `workspace_port`)."""
     meta = _dict(obj.get("metadata"))
     template = _dict(_dict(obj.get("spec")).get("podTemplate"))
     ports = [{**_pick(p, ("id", "protocol")), "httpProxy": _pick(_dict(p).get("httpProxy"), ("removePathPrefix",))}
@@ -579,7 +579,7 @@ class ClusterCache:
             found: dict[Key, dict[str, Any]] = {}
             for c in self.workspaces:
                 found.update(c.snapshot())
-            # What each Workspace controls, counted on the culler's own copy (kf_culler/targets.py
+            # What each Workspace controls, counted on the culler's own copy (kf_culler/targets/
             # `workspace_tampered`): one with several StatefulSets or Services is one its controller cannot act on.
             paired += [({**w, CONTROLS_KEY: {"statefulSets": len(by_owner.get(owner_key(w), [])),
                                              "services": len(self._ws_services.get(owner_key(w), []))}},
@@ -614,7 +614,7 @@ class ClusterCache:
 
     def workspace_endpoint(self, ws: dict[str, Any]) -> tuple[str, int, str] | str:
         """(Service name, port, path) of a Workspace's IDE as of the last snapshot, or why it cannot be reached
-        safely: its own Service (kf_culler/targets.py `workspace_service`), the port its WorkspaceKind gives, the
+        safely: its own Service (kf_culler/targets/ `workspace_service`), the port its WorkspaceKind gives, the
         connect path unless the kind serves the port at `/`."""
         svc, why = workspace_service(ws, self._ws_services)
         if svc is None:
@@ -635,7 +635,7 @@ class ClusterCache:
 
     def service_problem(self, notebook: dict[str, Any]) -> str | None:
         """Why the notebook's (or a workload's) Service `<name>` cannot be trusted to reach its own pod
-        (kube/pairing.py, kf_culler/targets.py), or None."""
+        (kube/pairing.py, kf_culler/targets/), or None."""
         meta = notebook.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         found = None

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from kf_culler.coder_sessions import WORKSPACE_ID_LABEL
 from kf_culler.kube.backoff import with_backoff
 from kf_culler.kube.writer import REQUEST_TIMEOUT, Writer, WriteResult, _may_pass
 from kf_culler.model import STOP_ANNOTATION, WARNED_AT_ANNOTATION
 from kf_culler.plan import EventSpec, Plan
 from kf_culler.sources.coder import CoderClient
 from kf_culler.targets import CODER, target_of
+from kf_culler.targets.coder import WORKSPACE_ID_LABEL
 from kf_culler.timeutil import format_time
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from kf_culler.kube.backoff import with_backoff
 from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
 from kf_culler.plan import EventSpec, Plan
 from kf_culler.rules.untaken import Reclaim
-from kf_culler.targets import WORKLOADS, WORKSPACES, stop_body, target_of
+from kf_culler.targets import target_of
 from kf_culler.timeutil import format_time
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class Writer:
                         result.outcome = "not-leader"
                         return result
                     result.attempts += 1
-                    body = stop_body(current, todo.annotations)  # a Workspace's stop is spec.paused
+                    body = target.stop_body(current, todo.annotations)  # a Workspace's stop is spec.paused
                     body["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
                     try:
                         if todo.annotations:
@@ -193,7 +193,7 @@ class Writer:
         input still refuses it (422). The patched notebook, or None."""
         from kubernetes.client.rest import ApiException
 
-        target = target_of({"kind": kind})
+        target = target_of({"kind": kind})  # the kind of a session this pass read: one a target handles
         try:
             fresh = with_backoff(lambda: self.custom.get_namespaced_custom_object(
                 target.group, target.version, ns, target.plural, name, _request_timeout=REQUEST_TIMEOUT))
@@ -211,13 +211,13 @@ class Writer:
             ann = {}
         spec = fresh.get("spec") if isinstance(fresh.get("spec"), dict) else {}
         # What "stopped" is read from is a decision input too (rule 1): a Workspace's paused, a workload's replicas
-        stop_field = "paused" if target is WORKSPACES else "replicas" if target in WORKLOADS else None
+        stop_field = target.stop_field
         if stop_field is not None and stop_field in spec:
             ops.append({"op": "test", "path": f"/spec/{stop_field}", "value": spec[stop_field]})
         for key in DECISION_ANNOTATIONS:
             if key in ann:
                 ops.append({"op": "test", "path": _pointer(key), "value": ann[key]})
-        body = stop_body(fresh, todo.annotations)
+        body = target.stop_body(fresh, todo.annotations)
         for key, value in body["metadata"]["annotations"].items():
             if value is not None:
                 ops.append({"op": "add", "path": _pointer(key), "value": value})
@@ -250,7 +250,7 @@ class Writer:
         stamp = format_time(now)
         body = {
             "metadata": {"generateName": f"{meta.get('name')}.", "namespace": ns},
-            "involvedObject": {"apiVersion": target_of(notebook).api_version, "kind": target_of(notebook).kind,
+            "involvedObject": {"apiVersion": (target := target_of(notebook)).api_version, "kind": target.kind,
                                "name": meta.get("name"),
                                "namespace": ns, "uid": meta.get("uid"),
                                "resourceVersion": meta.get("resourceVersion")},

@@ -59,7 +59,7 @@ from kf_culler.local.prometheus import (
 from kf_culler.local.prometheus import Unavailable as PrometheusUnavailable
 from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION
-from kf_culler.runner import Runner
+from kf_culler.runner import Runner, build_runner
 
 log = logging.getLogger(__name__)
 IMAGE = "kubeflownotebookswg/jupyter-scipy:v1.10.0"  # never pulled: kwok plays the kubelet
@@ -491,7 +491,7 @@ class GpuHandoff:
             busy = self.jupyter["b"]
             busy.execute(busy.start_kernel(), "import time\nwhile True: time.sleep(1)")
             self.gpu.start()
-            self.runner = Runner(self.settings(), self.api)
+            self.runner = build_runner(self.settings(), self.api)
             self.runner.start_cache()
         create = self.create_notebook if via == "notebook" else self.create_statefulset
         create("a")

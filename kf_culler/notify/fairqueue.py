@@ -5,7 +5,7 @@ A queue per namespace, served round-robin by the one worker; a bound on all of t
 namespace (`notifications.perNamespacePerHour`), so a notebook that keeps re-arming its notices cannot
 mail or page a team's channel without end. Thread-safe; `put_nowait` never blocks the pass.
 
-"Namespace" here is the key the notifier gives, kf_culler/coder_sessions.py `fairness_key`: a session's
+"Namespace" here is the key the notifier gives, kf_culler/targets/coder.py `fairness_key`: a session's
 namespace, but a Coder workspace's Coder owner (every Coder workspace is in the admin's one namespace), and
 the owner of a namespace where one is known (kf_culler/kube/tenants.py): one user's namespaces share one queue.
 """

@@ -22,7 +22,7 @@ from string import Template
 from typing import Any
 
 from kf_culler.config import Templates
-from kf_culler.model import KEEP_UNTIL_ANNOTATION, STOP_ANNOTATION
+from kf_culler.targets import SessionKey, for_key
 from kf_culler.text import NAME, REASON, VALUE, cut, visible
 from kf_culler.timeutil import format_time
 
@@ -72,34 +72,22 @@ class Notice:
     trace_id: str | None = None
 
     @property
-    def key(self) -> tuple[str, str]:
-        return self.namespace, self.name
-
-
-def _object(n: Notice) -> tuple[str, str]:
-    """(kubectl's resource, the object's name): a pass names a Workspace `Workspace/<name>`, a workload
-    `Deployment/<name>` or `StatefulSet/<name>` (kf_culler/targets.py)."""
-    kind, sep, name = n.name.partition("/")
-    return (kind.lower(), name) if sep and kind in ("Workspace", "Deployment", "StatefulSet") else ("notebook", n.name)
+    def key(self) -> SessionKey:
+        return SessionKey(self.namespace, self.name)
 
 
 def keep_command(n: Notice) -> str | None:
-    """The exact command that moves the stop, at most maxExtendMinutes (None when extensions are off)."""
+    """The exact command that moves the stop, at most maxExtendMinutes (None when extensions are off, or the
+    session's target has no such command)."""
     if n.max_extend_minutes <= 0 or n.stop_at is None:
         return None
     latest = n.stop_at + timedelta(minutes=n.max_extend_minutes)
-    resource, name = _object(n)
-    return (f"kubectl annotate {resource} {name} -n {n.namespace} "
-            f"{KEEP_UNTIL_ANNOTATION}={format_time(latest)} --overwrite")
+    return for_key(n.key).keep_command(n.namespace, n.key.object_name, format_time(latest))
 
 
 def start_command(n: Notice) -> str:
-    resource, name = _object(n)
-    if resource == "workspace":
-        return f"kubectl patch workspace {name} -n {n.namespace} --type merge -p '{{\"spec\":{{\"paused\":false}}}}'"
-    if resource in ("deployment", "statefulset"):
-        return f"kubectl scale {resource} {name} -n {n.namespace} --replicas=1"
-    return f"kubectl annotate notebook {n.name} -n {n.namespace} {STOP_ANNOTATION}-"
+    """The command that starts the session again, by its target (kf_culler/targets/)."""
+    return for_key(n.key).start_command(n.namespace, n.key.object_name)
 
 
 Escape = Callable[[str], str]
@@ -153,8 +141,9 @@ def fields(n: Notice, dashboard_url: str | None = None, esc: Escape = plain,
     if keep and latest is not None:
         how_to_keep += (f"\n- Or ask for more time (at most {n.max_extend_minutes:g} minutes past the planned "
                         f"stop, until {format_time(latest)}; an earlier time also works):\n    {keep}")
-    where = f"Kubeflow's Notebooks page ({dashboard_url})" if dashboard_url else "Kubeflow's Notebooks page"
-    how_to_start = (f"- {where}: find {n.name} in namespace {n.namespace} and press Start,\n"
+    place = for_key(n.key).where_to_start
+    where = f"{place} ({dashboard_url})" if dashboard_url else place
+    how_to_start = (f"- {where}: find {n.key.object_name} in namespace {n.namespace} and press Start,\n"
                     f"- or: {start_command(n)}")
     minutes_left = max(0, round((n.stop_at - n.at).total_seconds() / 60)) if n.stop_at else 0
     return {

@@ -20,7 +20,6 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_when_event_set, wait_exponential
 
-from kf_culler.coder_sessions import fairness_key
 from kf_culler.config import Notifications, Settings
 from kf_culler.model import RESTARTED_AT_ANNOTATION, STOP_ANNOTATION, WARNED_AT_ANNOTATION
 from kf_culler.notify import SendError
@@ -29,14 +28,13 @@ from kf_culler.notify import webhook as hooks
 from kf_culler.notify.fairqueue import FairQueue, RateLimited
 from kf_culler.notify.message import Notice, payload, render
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
-from kf_culler.targets import KINDS as TARGETS_BY_KIND
-from kf_culler.targets import NOTEBOOKS
+from kf_culler.targets import fairness_key, for_key
 from kf_culler.timeutil import format_time
 
 log = logging.getLogger("kf_culler.notify")
 FAILED_EVENT = "NotificationFailed"
 # The event a pass planned, the mark its patch must have added, and the notice's kind.
-KINDS = {EVENT_WARN: (WARNED_AT_ANNOTATION, "warn"), EVENT_STOP: (STOP_ANNOTATION, "stop"),
+MARKS = {EVENT_WARN: (WARNED_AT_ANNOTATION, "warn"), EVENT_STOP: (STOP_ANNOTATION, "stop"),
          EVENT_RESTART: (RESTARTED_AT_ANNOTATION, "restart")}
 
 
@@ -51,7 +49,7 @@ def notice_for(result: Any, max_extend_minutes: float = 0) -> Notice | None:
     w = getattr(result, "write", None)
     if w is None or w.outcome != "patched" or w.plan is None or w.plan.event is None:
         return None
-    mark_kind = KINDS.get(w.plan.event.reason)
+    mark_kind = MARKS.get(w.plan.event.reason)
     if mark_kind is None or w.plan.annotations.get(mark_kind[0]) is None:
         return None
     v = result.verdict
@@ -106,7 +104,7 @@ class Notifier:
     # -- the pass's side: never blocks --------------------------------------------------------------
     def offer_result(self, result: Any, max_extend_minutes: float = 0.0, tenant: str | None = None) -> bool:
         """A pass's result (kf_culler.cycle.NotebookResult), with its policy's maxExtendMinutes and whose share
-        of the queue it takes (kf_culler/coder_sessions.py `fairness_key`; None: the key's own)."""
+        of the queue it takes (kf_culler/targets/coder.py `fairness_key`; None: the key's own)."""
         notice = notice_for(result, max_extend_minutes)
         return notice is not None and self.offer(notice, tenant)
 
@@ -237,12 +235,11 @@ class Notifier:
 
     def _failure_event(self, notice: Notice, text: str) -> None:
         stamp = format_time(datetime.now(UTC))
-        kind, sep, plain = notice.name.partition("/")  # a pass names other targets' sessions `<Kind>/<name>`
-        target = TARGETS_BY_KIND.get(kind) if sep else NOTEBOOKS
-        name = plain if sep else notice.name
+        target = for_key(notice.key)
+        name = notice.key.object_name
         body = {
             "metadata": {"generateName": f"{name}.", "namespace": notice.namespace},
-            "involvedObject": {"apiVersion": (target or NOTEBOOKS).api_version, "kind": (target or NOTEBOOKS).kind,
+            "involvedObject": {"apiVersion": target.api_version, "kind": target.kind,
                                "name": name, "namespace": notice.namespace, "uid": notice.uid},
             "type": "Warning", "reason": FAILED_EVENT, "message": text[:1024],
             "source": {"component": "kf-culler"}, "reportingComponent": "kf-culler",

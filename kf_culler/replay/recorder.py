@@ -68,7 +68,7 @@ def minimal_notebook(notebook: dict[str, Any]) -> dict[str, Any]:
         "apiVersion": notebook.get("apiVersion", "kubeflow.org/v1"),
         "kind": notebook.get("kind", "Notebook"),
         "metadata": out_meta,
-        # What "stopped" is read from for other targets (kf_culler/targets.py): a Workspace's paused, a
+        # What "stopped" is read from for other targets (kf_culler/targets/): a Workspace's paused, a
         # workload's replicas.
         "spec": {"template": {"spec": spec},
                  **{k: v for k, v in as_dict(notebook.get("spec")).items() if k in ("paused", "replicas")}},

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from kf_culler.model import Verdict
 from kf_culler.notebook import NotebookView, metadata_of
-from kf_culler.targets import WORKSPACES, controller_of
+from kf_culler.targets import KINDS
 from kf_culler.timeutil import clock_text as hhmm
 from kf_culler.timeutil import duration_text as minutes
 from kf_culler.timeutil import format_time
@@ -45,16 +45,14 @@ def overdue(view: NotebookView, deadline_seconds: float | None, now: datetime) -
 def next_step(view: NotebookView) -> Reclaim | None:
     """The safe next step for a stop that did not take, or None (report only).
 
-    A Workspace's pod is reached by ownership (kf_culler/targets.py `workspace_pod`: pod -> StatefulSet by uid ->
+    A Workspace's pod is reached by ownership (kf_culler/targets/ `workspace_pod`: pod -> StatefulSet by uid ->
     Workspace by uid); with `spec.paused: true` its controller wants that StatefulSet at 0 replicas, so scaling it
     to 0 is what the controller would do, and it cannot undo it. A v1 Notebook's StatefulSet, a workload's
     replicas and a Coder workspace's build are their controllers' to change: the culler only reports those."""
-    if view.kind != WORKSPACES.kind or not view.stop_written or view.pod is None:
+    if not view.stop_written or view.pod is None:
         return None
-    ref = controller_of(view.pod)
-    if ref is None or ref[0] != "StatefulSet" or not ref[1] or not ref[2]:
-        return None
-    return Reclaim("StatefulSet", ref[1], ref[2])
+    step = KINDS[view.kind].reclaim(view.pod)  # its target's (kf_culler/targets/workspaces.py)
+    return Reclaim(*step) if step is not None else None
 
 
 def not_taken(view: NotebookView, deadline_seconds: float | None, now: datetime) -> Verdict | None:

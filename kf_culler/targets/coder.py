@@ -1,4 +1,7 @@
-"""Coder workspaces as sessions (`targets: [coder]`, docs/targets.md, "Coder workspaces"). Pure.
+"""Coder workspaces (`targets: [coder]`, docs/targets.md, "Coder workspaces"): not Kubernetes objects but what
+Coder's API lists (kf_culler/sources/coder.py), each made into a synthetic session object here and stopped by a
+stop build through Coder's API (kf_culler/kube/coder.py), never patched. A Coder workspace is its own IDE, so the
+target is named like its IDE kind. Pure.
 
 A Coder workspace is not a Kubernetes object: what the culler knows of it is what Coder's
 `GET /api/v2/workspaces` answers the admin's token (codersdk/workspaces.go `Workspace`). `coder_session` makes
@@ -19,13 +22,42 @@ no Kubernetes rights.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from kf_culler.errors import InputError
 from kf_culler.ide import CODER_SERVER_TYPE
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION
-from kf_culler.targets import CODER, _gpus, _running
+from kf_culler.targets.base import SessionKey, Target, _dict, gpus_asked, running
 from kf_culler.timeutil import format_time, parse_time
+
+
+@dataclass(frozen=True)
+class CoderTarget(Target):
+    def is_stopped(self, obj: Mapping[str, Any]) -> bool:
+        """Its latest build stops or deletes it (whoever asked: its user, Coder's autostop, the culler)."""
+        return _dict(obj.get("spec")).get("transition") in ("stop", "delete")
+
+    def stop_body(self, obj: Mapping[str, Any], annotations: Mapping[str, str | None]) -> dict[str, Any]:
+        raise InputError("a Coder workspace is stopped by a stop build through Coder's API, never patched")
+
+    def start_command(self, namespace: str, name: str) -> str:
+        owner, _, workspace = name.partition(".")  # `<owner>.<workspace>`: a dot is in neither
+        return f"coder start {owner}/{workspace}"
+
+    def keep_command(self, namespace: str, name: str, until: str) -> str | None:
+        return None  # its user extends its deadline in Coder, which maxExtendMinutes bounds (rule 12)
+
+    def carried(self, obj: Mapping[str, Any]) -> Any:
+        return observation_of(obj)
+
+
+# Its RBAC component (kustomize/components/coder) is named like the target.
+CODER = CoderTarget(CODER_SERVER_TYPE, "CoderWorkspace", "coder.com", "v2", "workspaces", route="coderworkspaces",
+                    rbac=CODER_SERVER_TYPE, reach="carried", where_to_start="Coder's dashboard",
+                    server_type=CODER_SERVER_TYPE)
+
 
 # The label Coder's upstream Kubernetes template (examples/templates/kubernetes/main.tf) puts on the workspace's
 # Deployment, its pod template and its PVC.
@@ -39,10 +71,6 @@ CONNECTED_SECONDS = 180.0
 ACTIVITY_BUMP = timedelta(hours=1)
 SLACK = timedelta(seconds=60)
 STARTING_BUILDS = ("pending", "starting")  # no pod of this build is the session's yet
-
-
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _time(value: object) -> datetime | None:
@@ -122,13 +150,12 @@ def fairness_key(key: tuple[str, str], owner: str | None = None) -> str:
     `<namespace>/<owner>` (a `/` is in no namespace); else the owner of its namespace where one is known
     (kf_culler/kube/tenants.py), `owner:<owner>` (a `:` is in no namespace), so that the namespaces of one user
     take one share; else its namespace. `key` is the pass's key (`session_key`)."""
-    namespace, name = key
-    prefix = f"{CODER.kind}/"
-    if name.startswith(prefix):
-        return f"{namespace}/{name[len(prefix):].split('.', 1)[0]}"
+    key = SessionKey(*key)
+    if key.kind == CODER.kind:
+        return f"{key.namespace}/{key.object_name.split('.', 1)[0]}"
     if owner:
         return f"owner:{owner}"
-    return namespace
+    return key.namespace
 
 
 def pods_by_workspace(pods: Iterable[dict[str, Any]], namespace: str) -> dict[str, list[dict[str, Any]]]:
@@ -152,8 +179,8 @@ def coder_pod(ws: Mapping[str, Any], pods: Mapping[str, list[dict[str, Any]]]) -
     found = pods.get(str(ws.get("id") or ""), [])
     if not found:
         return None
-    best = max((_running(p), _gpus(p)) for p in found)
-    return min((p for p in found if (_running(p), _gpus(p)) == best),
+    best = max((running(p), gpus_asked(p)) for p in found)
+    return min((p for p in found if (running(p), gpus_asked(p)) == best),
                key=lambda p: str(_dict(p.get("metadata")).get("name")))
 
 

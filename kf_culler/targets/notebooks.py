@@ -1,0 +1,33 @@
+"""Kubeflow v1 Notebooks (`targets: [notebooks]`, docs/targets.md): stopped with `kubeflow-resource-stopped`,
+which their notebook-controller turns into a StatefulSet of 0; the pod is `<name>-0` of the StatefulSet `<name>`
+(kf_culler/kube/pairing.py); the IDE is probed through the Service `<name>`. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kf_culler.model import KEEP_UNTIL_ANNOTATION, STOP_ANNOTATION
+from kf_culler.targets.base import BARE_KIND, Target, _dict
+
+
+@dataclass(frozen=True)
+class NotebookTarget(Target):
+    def is_stopped(self, obj: Mapping[str, Any]) -> bool:
+        """`kubeflow-resource-stopped` is set (whoever set it)."""
+        return STOP_ANNOTATION in _dict(_dict(obj.get("metadata")).get("annotations"))
+
+    def stop_body(self, obj: Mapping[str, Any], annotations: Mapping[str, str | None]) -> dict[str, Any]:
+        return {"metadata": {"annotations": dict(annotations)}}
+
+    def start_command(self, namespace: str, name: str) -> str:
+        return f"kubectl annotate notebook {name} -n {namespace} {STOP_ANNOTATION}-"
+
+    def keep_command(self, namespace: str, name: str, until: str) -> str | None:
+        return f"kubectl annotate notebook {name} -n {namespace} {KEEP_UNTIL_ANNOTATION}={until} --overwrite"
+
+
+NOTEBOOKS = NotebookTarget("notebooks", BARE_KIND, "kubeflow.org", "v1", "notebooks", route="notebooks", rbac=None,
+                           reach="service", where_to_start="Kubeflow's Notebooks page", stop_is_annotation=True,
+                           paired_by_name=True, old_marks=True)

@@ -1,0 +1,159 @@
+"""Kubeflow Notebooks 2.0 Workspaces (`targets: [workspaces]`, docs/targets.md): stopped with `spec.paused: true`,
+which the Workspace controller turns into a StatefulSet of 0 (it reverts any other change to that StatefulSet);
+the pod and the Service are found by ownership, the IDE's port from the WorkspaceKind. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kf_culler.model import KEEP_UNTIL_ANNOTATION, STOP_ANNOTATION
+from kf_culler.targets.base import (
+    OwnerKey,
+    Target,
+    _dict,
+    controller_of,
+    gpus_asked,
+    owner_key,
+    running,
+    statefulset_member,
+    uid_of,
+)
+
+Key = tuple[str, str]
+WORKSPACE_NAME_LABEL = "notebooks.kubeflow.org/workspace-name"
+CONNECT_PREFIX = "/workspace/connect/{namespace}/{name}/{port_id}/"
+# What the culler's cache counted of the objects a Workspace controls, `{"statefulSets": n, "services": m}`: set
+# on its own copy of the Workspace (kf_culler/kube/cache.py), a key no API object has (the cache keeps only
+# apiVersion, kind, metadata, spec and status of a Workspace), so no user can write it.
+CONTROLS_KEY = "kfCullerControls"
+
+
+@dataclass(frozen=True)
+class WorkspaceTarget(Target):
+    def is_stopped(self, obj: Mapping[str, Any]) -> bool:
+        """`spec.paused: true` (the culler, its user or the controller's own culling)."""
+        return _dict(obj.get("spec")).get("paused") is True
+
+    def stop_body(self, obj: Mapping[str, Any], annotations: Mapping[str, str | None]) -> dict[str, Any]:
+        """The stop is `spec.paused: true`; `kubeflow-resource-stopped` is not written (it means nothing here)."""
+        body: dict[str, Any] = {"metadata": {"annotations": {k: v for k, v in annotations.items()
+                                                             if k != STOP_ANNOTATION}}}
+        if annotations.get(STOP_ANNOTATION) is not None:
+            body["spec"] = {"paused": True}
+        return body
+
+    def start_command(self, namespace: str, name: str) -> str:
+        return f"kubectl patch workspace {name} -n {namespace} --type merge -p '{{\"spec\":{{\"paused\":false}}}}'"
+
+    def keep_command(self, namespace: str, name: str, until: str) -> str | None:
+        return f"kubectl annotate workspace {name} -n {namespace} {KEEP_UNTIL_ANNOTATION}={until} --overwrite"
+
+    def tampered(self, obj: Mapping[str, Any]) -> str | None:
+        return workspace_tampered(obj)
+
+    def reclaim(self, pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
+        """Its pod's StatefulSet (reached by ownership: pod -> StatefulSet by uid -> Workspace by uid): with
+        `spec.paused: true` its controller wants it at 0 replicas, so scaling it to 0 is what the controller would
+        do, and it cannot undo it."""
+        ref = controller_of(pod)
+        if ref is None or ref[0] != "StatefulSet" or not ref[1] or not ref[2]:
+            return None
+        return ref
+
+
+WORKSPACES = WorkspaceTarget("workspaces", "Workspace", "kubeflow.org", "v1beta1", "workspaces", route="workspaces",
+                             rbac="workspaces", reach="endpoint", where_to_start="Kubeflow's Notebooks page",
+                             stop_field="paused", image_from_pod=True)
+
+
+def workspace_tampered(obj: Mapping[str, Any]) -> str | None:
+    """Why a Workspace's controller cannot act on it, or None: the v2.0.0-beta.0 controller fails every reconcile
+    of a Workspace that controls more than one StatefulSet or Service (a user may create one with a controller
+    ownerReference to their own Workspace) before it applies `spec.paused`, so such a Workspace is never taken as
+    stopped while a pod of it runs (docs/targets.md, "A stop that does not take")."""
+    if str(obj.get("kind") or "") != WORKSPACES.kind:
+        return None
+    counts = _dict(obj.get(CONTROLS_KEY))
+    found = []
+    for key, what in (("statefulSets", "StatefulSets"), ("services", "Services")):
+        n = counts.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+            found.append(f"{n} {what}")
+    if not found:
+        return None
+    return f"the workspace controls {' and '.join(found)}, so its controller fails before it applies spec.paused"
+
+
+def workspace_pod(ws: Mapping[str, Any], statefulsets: Mapping[OwnerKey, list[dict[str, Any]]],
+                  pods: Mapping[Key, dict[str, Any]],
+                  pods_by_owner: Mapping[OwnerKey, list[dict[str, Any]]] | None = None) -> dict[str, Any] | None:
+    """A Workspace's pod: `<statefulset>-0` of a StatefulSet the Workspace controls, controlled by that
+    StatefulSet (the Workspace controller names both with random suffixes: found by ownership, never by name
+    or labels, which the user can write), or, given `pods_by_owner` (kf_culler/targets/ `owned_by` over the
+    pods, "StatefulSet"), any `<statefulset>-<ordinal>` it controls (a user may renumber its pods with
+    `spec.ordinals`). A user can attach more StatefulSets to their Workspace: of all their pods, the Running one
+    asking for the most GPUs, so that none can hide the one holding a GPU. None when there is none."""
+    found = []
+    for sts in statefulsets.get(owner_key(ws), []):
+        meta = _dict(sts.get("metadata"))
+        name = str(meta.get("name"))
+        mine = ("StatefulSet", name, uid_of(sts))
+        pod = pods.get((str(meta.get("namespace")), f"{name}-0"))
+        if pod is not None and controller_of(pod) == mine:
+            found.append(pod)
+        found += [p for p in (pods_by_owner or {}).get(owner_key(sts), [])
+                  if p is not pod and controller_of(p) == mine and statefulset_member(p, name)]
+    if not found:
+        return None
+    best = max((running(p), gpus_asked(p)) for p in found)
+    return min((p for p in found if (running(p), gpus_asked(p)) == best),
+               key=lambda p: str(_dict(p.get("metadata")).get("name")))
+
+
+def workspace_service(ws: Mapping[str, Any], services: Mapping[OwnerKey, list[dict[str, Any]]]
+                      ) -> tuple[dict[str, Any] | None, str | None]:
+    """The Service the Workspace controller made for the Workspace, or why there is none to trust: it must be
+    controlled by the Workspace, of a type that routes to endpoints, and select the Workspace's own pod by both
+    labels the controller sets (a user may create and edit Services, not make the controller own one)."""
+    name = str(_dict(ws.get("metadata")).get("name"))
+    owned = services.get(owner_key(ws), [])
+    if len(owned) != 1:
+        return None, ("the workspace has no Service of its own" if not owned
+                      else f"the workspace controls {len(owned)} Services")
+    svc = owned[0]
+    spec = _dict(svc.get("spec"))
+    kind = spec.get("type") or "ClusterIP"
+    if kind not in ("ClusterIP", "NodePort", "LoadBalancer"):
+        return None, f"the workspace's Service is of type {str(kind)[:20]}"
+    if spec.get("selector") != {WORKSPACE_NAME_LABEL: name, "statefulset": name}:
+        return None, "the workspace's Service does not select the workspace's own pod"
+    return svc, None
+
+
+def workspace_port(ws: Mapping[str, Any], kind: Mapping[str, Any] | None) -> tuple[str, int, bool] | None:
+    """(port id, port number, whether the app serves at `/`) of the Workspace's first HTTP port, from its
+    WorkspaceKind: the imageConfig value the Workspace chose gives the number, the kind's `ports` the id's
+    `httpProxy.removePathPrefix`. None when the kind does not say."""
+    if kind is None:
+        return None
+    template = _dict(_dict(kind.get("spec")).get("podTemplate"))
+    value_id = _dict(_dict(_dict(ws.get("spec")).get("podTemplate")).get("options")).get("imageConfig")
+    image_config = _dict(_dict(template.get("options")).get("imageConfig"))
+    values = image_config.get("values")
+    value = next((v for v in (values if isinstance(values, list) else [])
+                  if isinstance(v, dict) and v.get("id") == value_id), None)
+    if value is None:
+        return None
+    kind_ports = {str(p.get("id")): p for p in template.get("ports") or [] if isinstance(p, dict)}
+    for port in _dict(value.get("spec")).get("ports") or []:
+        if not isinstance(port, dict) or not isinstance(port.get("port"), int):
+            continue
+        pid = str(port.get("id"))
+        declared = kind_ports.get(pid)
+        if declared is None or declared.get("protocol", "HTTP") != "HTTP":
+            continue
+        at_root = _dict(declared.get("httpProxy")).get("removePathPrefix") is True
+        return pid, int(port["port"]), at_root
+    return None
