@@ -16,10 +16,12 @@ from kf_culler.verdict_api import ONE
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kf_culler"
-# Modules that may still name a target: the local components (demo and tests' clusters), the synthetic fleet
-# and trace recorder (they make Notebook objects), the Coder target's stopper (its I/O beside the writer), and
+# Modules that may still name a target: the local components (demo and tests' clusters), the synthetic fleet,
+# trace recorder and NotebookOS converter (they make Notebook objects), the Coder target's stopper (its I/O
+# beside the writer), and
 # the ones that still choose by target: the cache's collections per target and the runner's Coder client.
-ALLOWED = ("targets/", "local/", "demo", "replay/fleet.py", "replay/recorder.py", "kube/coder.py",
+ALLOWED = ("targets/", "local/", "demo", "replay/fleet.py", "replay/recorder.py",
+           "replay/notebookos.py", "kube/coder.py",
            "kube/cache.py", "runner.py")
 CONSTANTS = re.compile(r"\b(NOTEBOOKS|WORKSPACES|DEPLOYMENTS|STATEFULSETS|WORKLOADS|CODER)\b")
 KIND_LITERAL = re.compile(r"kind\W.*[\"'](Notebook|Workspace|CoderWorkspace)[\"']")
