@@ -17,6 +17,10 @@ only etcd and kube-apiserver run, and the script writes what the notebook-contro
 (the pod Running, the Notebook's readyReplicas; after the stop the pod deleted and readyReplicas 0): the
 same list and details page, without the controller's Events.
 
+The Notebook is made as the web app's form makes it (a home volume on a PersistentVolumeClaim, /dev/shm),
+in namespace kubeflow-user, the one the web app shows when it runs outside the Central Dashboard. A
+minimal PodDefault CRD is created: the details page lists PodDefaults and shows a 404 error without it.
+
 The idle limit is short (--idle-minutes, default 1; the warning --warn-minutes before it), so the reasons
 say "1 min" where a cluster's say hours. Writes, into --out:
   webapp-list-warned.png     the notebook list after the warning, before the stop
@@ -51,7 +55,12 @@ from kf_culler.config import load_mapping  # noqa: E402
 from kf_culler.kube import GROUP, PLURAL  # noqa: E402
 from kf_culler.kube import VERSION as NB_VERSION  # noqa: E402
 from kf_culler.local import objects  # noqa: E402
-from kf_culler.local.cluster import ClusterError, LocalCluster, NotebookControllerUnavailable  # noqa: E402
+from kf_culler.local.cluster import (  # noqa: E402
+    ClusterError,
+    LocalCluster,
+    NotebookControllerUnavailable,
+    wait_established,
+)
 from kf_culler.local.handoff import notebook_body  # noqa: E402
 from kf_culler.local.jupyter import JupyterServer  # noqa: E402
 from kf_culler.local.router import Router  # noqa: E402
@@ -61,6 +70,7 @@ from kf_culler.timeutil import format_time  # noqa: E402
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kf-culler" / "webapp" / VERSION
 FRONTEND = CACHE / "frontend"
+ON_TIMEOUT: list[Callable[[], Any]] = []  # what to show when a wait fails (the page, its answers)
 
 
 def say(msg: str) -> None:
@@ -74,6 +84,9 @@ def wait(pred: Callable[[], Any], what: str, timeout: float = 120) -> Any:
         if value:
             return value
         if time.monotonic() > deadline:
+            for show in ON_TIMEOUT:
+                with contextlib.suppress(Exception):
+                    show()
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(0.25)
 
@@ -139,6 +152,47 @@ def main() -> int:
         cluster.stop()
 
 
+def form_notebook(core: Any, namespace: str, name: str) -> dict[str, Any]:
+    """A Notebook as the web app's form makes it (its table reads the volume mounts): a home volume, a
+    PersistentVolumeClaim made here and bound in advance to a PersistentVolume of its own, and /dev/shm."""
+    claim = f"{name}-volume"
+    core.create_persistent_volume({
+        "metadata": {"name": f"{namespace}-{claim}"},
+        "spec": {"capacity": {"storage": "5Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "hostPath": {"path": f"/var/lib/notebooks/{namespace}/{name}"},
+                 "claimRef": {"namespace": namespace, "name": claim}}})
+    core.create_namespaced_persistent_volume_claim(namespace, {
+        "metadata": {"name": claim},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": f"{namespace}-{claim}",
+                 "resources": {"requests": {"storage": "5Gi"}}}})
+    body = notebook_body(namespace, name, gpus=0)
+    spec = body["spec"]["template"]["spec"]
+    spec["containers"][0]["volumeMounts"] = [{"name": claim, "mountPath": "/home/jovyan"},
+                                             {"name": "dshm", "mountPath": "/dev/shm"}]
+    spec["volumes"] = [{"name": claim, "persistentVolumeClaim": {"claimName": claim}},
+                       {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    return body
+
+
+def apply_poddefault_crd(api: Any) -> None:
+    """A minimal PodDefault CRD (kubeflow.org/v1alpha1, Kubeflow's admission webhook's kind; any fields): the
+    details page lists a namespace's PodDefaults, and without the kind it shows a 404 error."""
+    from kubernetes import client
+
+    body = {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "poddefaults.kubeflow.org"},
+        "spec": {"group": "kubeflow.org", "scope": "Namespaced",
+                 "names": {"kind": "PodDefault", "plural": "poddefaults", "singular": "poddefault",
+                           "listKind": "PodDefaultList"},
+                 "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                               "schema": {"openAPIV3Schema": {"type": "object",
+                                                              "x-kubernetes-preserve-unknown-fields": True}}}]}}
+    ext = client.ApiextensionsV1Api(api)
+    ext.create_custom_resource_definition(body)
+    wait_established(ext, ["poddefaults.kubeflow.org"], 60, "the PodDefault CRD")
+
+
 def set_ready_replicas(api: Any, namespace: str, name: str, ready: int) -> None:
     """--controller played: the Notebook's status as the notebook-controller mirrors it from its pod."""
     from kubernetes import client
@@ -157,6 +211,7 @@ def scenario(cluster: LocalCluster, venv: Path, args: argparse.Namespace) -> int
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     ns, name = args.namespace, args.name
     core.create_namespace({"metadata": {"name": ns}})
+    apply_poddefault_crd(api)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
 
@@ -167,13 +222,13 @@ def scenario(cluster: LocalCluster, venv: Path, args: argparse.Namespace) -> int
     with Router() as router, JupyterServer(ns, name) as server:
         router.add("notebook", ns, name, f"http://127.0.0.1:{server.port}", strip=False)
         server.start_kernel()
-        custom.create_namespaced_custom_object(GROUP, NB_VERSION, ns, PLURAL, notebook_body(ns, name, gpus=0))
+        custom.create_namespaced_custom_object(GROUP, NB_VERSION, ns, PLURAL, form_notebook(core, ns, name))
         if played:
             objects.running_pod(api, ns, name, datetime.now(UTC))
             set_ready_replicas(api, ns, name, 1)
         wait(lambda: (notebook().get("status") or {}).get("readyReplicas") == 1,
              "the notebook-controller to report the notebook's pod ready")
-        say(f"{ns}/{name} Running (kwok), Jupyter idle on 127.0.0.1:{server.port}")
+        say(f"{ns}/{name} Running ({'played' if played else 'kwok'}), Jupyter idle on 127.0.0.1:{server.port}")
         settings = load_mapping({
             "namespaces": {"include": [ns]},
             "idleMinutes": args.idle_minutes, "warnMinutes": args.warn_minutes, "startupGraceMinutes": 0,
@@ -182,6 +237,7 @@ def scenario(cluster: LocalCluster, venv: Path, args: argparse.Namespace) -> int
         with start_webapp(cluster.kubeconfig, venv=venv, frontend=args.frontend) as app, \
                 cdp.Chromium(args.width, args.height) as browser, Runner(settings, api) as runner:
             say(f"web app on {app.url}")
+            ON_TIMEOUT.append(lambda: say(f"the web app's log:\n{app.log_tail(40)}"))
 
             def until(action: str) -> Verdict:
                 while True:
@@ -190,6 +246,10 @@ def scenario(cluster: LocalCluster, venv: Path, args: argparse.Namespace) -> int
                         return verdict
                     time.sleep(1)
 
+            ON_TIMEOUT.append(lambda: (browser.screenshot(out / "failed.png"),
+                                       say(f"the page when a wait failed ({out / 'failed.png'}):\n"
+                                           f"{browser.evaluate('document.body.innerText')}\nanswers: "
+                                           f"{[(r['url'], r['status']) for r in browser.responses('/api/')]}")))
             warned = until("warn")
             say(f"warned: {warned.reason}")
             browser.navigate(app.url)
@@ -246,6 +306,7 @@ def scenario(cluster: LocalCluster, venv: Path, args: argparse.Namespace) -> int
                     say(f"event: {e['type']} {e['reason']}: {e['message']}")
     with contextlib.suppress(Exception):
         core.delete_namespace(ns)
+        core.delete_persistent_volume(f"{ns}-{name}-volume")
     say(f"done at {datetime.now(UTC):%H:%M:%S} UTC")
     return 0
 
