@@ -20,6 +20,12 @@ What the dev mode means for a client (crud_backend/authn.py, authz.py, csrf.py):
   `XSRF-TOKEN` cookie and an `X-XSRF-TOKEN` header with the same value, else 403. The backend sets the
   cookie when it serves the index page (`/`), as a browser loads it before the app's requests; the
   built frontend is not part of the backend's source, so the copy gets a stand-in `index.html`.
+
+`WebApp(..., frontend=DIR)` serves a built Angular front end instead (hack/webapp/frontend.sh builds it
+from upstream's source into ~/.cache/kf-culler/webapp/v1.11.0/frontend): DIR is copied into the app's
+static folder as upstream's Dockerfile does (`/src/apps/default/static/`); the backend serves its
+index.html for every path that is not an API route, with `<base href>` set to APP_PREFIX, and the
+bundles under /static/. hack/webapp/screenshots.py uses it; the tests do not (CI has no front end).
 """
 
 from __future__ import annotations
@@ -178,8 +184,10 @@ class WebApp(procs.LocalServer):
     what = "the Jupyter web app backend"
     log_lines = 60
 
-    def __init__(self, kubeconfig: Path, venv: Path | None = None, source: Path | None = None) -> None:
+    def __init__(self, kubeconfig: Path, venv: Path | None = None, source: Path | None = None,
+                 frontend: Path | None = None) -> None:
         self.kubeconfig = Path(kubeconfig)
+        self.frontend = frontend
         self.venv = venv if venv is not None else virtualenv()
         self.source = source if source is not None else source_dir()
         super().__init__("kf-culler-webapp-", "webapp.log")
@@ -198,6 +206,11 @@ class WebApp(procs.LocalServer):
         for path in (app, *app.rglob("*")):
             path.chmod(path.stat().st_mode | 0o200)
         static = app / "apps" / "default" / "static"
+        if self.frontend is not None:
+            if not (self.frontend / "index.html").is_file():
+                raise RuntimeError(f"{self.frontend} holds no built front end (index.html is missing)")
+            shutil.rmtree(static, ignore_errors=True)
+            shutil.copytree(self.frontend, static)
         static.mkdir(parents=True, exist_ok=True)
         if not (static / "index.html").exists():
             (static / "index.html").write_text(INDEX_HTML)
@@ -232,11 +245,13 @@ class WebApp(procs.LocalServer):
 
 
 @contextmanager
-def start_webapp(kubeconfig_path: Path | str, venv: Path | None = None) -> Iterator[WebApp]:
-    """Run the backend against the API server of kubeconfig_path until the block ends.
+def start_webapp(kubeconfig_path: Path | str, venv: Path | None = None,
+                 frontend: Path | None = None) -> Iterator[WebApp]:
+    """Run the backend against the API server of kubeconfig_path until the block ends (serving the built
+    front end in `frontend`, if given, else a stand-in index page).
 
     Raises Unavailable if the backend cannot be installed, RuntimeError (with its log's tail) if it is
     installed but does not start.
     """
-    with WebApp(Path(kubeconfig_path), venv=venv) as app:
+    with WebApp(Path(kubeconfig_path), venv=venv, frontend=frontend) as app:
         yield app
