@@ -7,7 +7,7 @@ The write-up's experiment (../shared/seeds/000_*.txt, 5 s measured once) on a ki
 components/workloads; hack/kind/images.sh builds the images): one node advertising one fake `nvidia.com/gpu` (its
 status patched; there is no GPU here), and per run two sessions (Deployments of one Jupyter pod, a home PVC on a
 hostPath PersistentVolume, /tmp on an emptyDir), the idle one on the GPU, the other Pending for it. The culler scales
-the idle one to 0 once its idle limit (30 s) is past; the old pod's containers stop (SIGTERM, Jupyter exits), the
+the idle one to 0 once its idle limit (45 s) is past; the old pod's containers stop (SIGTERM, Jupyter exits), the
 scheduler binds the waiting pod, its container starts and its tcpSocket readiness probe (every second) passes.
 
 Per run: `event`, from the culler's stop Event (its timestamp, to the second) to the waiting pod's Ready condition's

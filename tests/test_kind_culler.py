@@ -13,7 +13,7 @@ What is left out of the overlay, and why: the Istio component's AuthorizationPol
 here: their CRDs are absent and the API server refuses them). Its NetworkPolicies are applied, but the cluster's
 static bridge CNI does not enforce NetworkPolicies, so nothing here shows them holding.
 
-The configuration is the shipped base/config.yaml with shorter times (idle after a minute, warned half a minute
+The configuration is the shipped base/config.yaml with shorter times (idle after 2 minutes, warned a minute
 before, no start-up grace, a pass every 5 s) so that a stop happens within the test. The culler probes each
 notebook at the shipped `urls.jupyter` template, i.e. through the Service the notebook-controller made, by its
 cluster DNS name.
@@ -47,7 +47,9 @@ from support.kind_culler import (
 from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION, WARNED_AT_ANNOTATION
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
 
-CONFIG = {"idleMinutes": 1, "warnMinutes": 0.5, "startupGraceMinutes": 0, "checkPeriodSeconds": 5}
+# Idle for 2 minutes is a stop, 1 minute a warning: room for a loaded machine to start the kernels after the servers
+# answer (the busy cell must run before its notebook's idle limit is reached).
+CONFIG = {"idleMinutes": 2, "warnMinutes": 1, "startupGraceMinutes": 0, "checkPeriodSeconds": 5}
 BUSY_CELL = "import time; time.sleep(3600)"
 
 
@@ -156,8 +158,8 @@ def test_idle_notebook_warned_then_stopped_busy_kept_restart_honoured_across_a_l
         except AssertionError:  # the server is still starting
             return None
 
-    wait_for("a kernel opened in nb-idle", lambda: kernel("nb-idle"), 120, 2)
     busy_kernel = wait_for("a kernel running a cell in nb-busy", lambda: kernel("nb-busy", BUSY_CELL), 120, 2)
+    wait_for("a kernel opened in nb-idle", lambda: kernel("nb-idle"), 120, 2)
     assert [k["execution_state"] for k in kernels(kind, ns, "nb-busy-0", prefix["nb-busy"])] == ["busy"]
 
     # The leader goes; the other replica takes the Lease over.

@@ -220,7 +220,7 @@ request = urllib.request.Request(base + "api/kernels", data=b'{"name": "python3"
 kernel = json.load(urllib.request.urlopen(request, timeout=120))["id"]
 
 async def send():
-    url = base.replace("http://", "ws://", 1) + "api/kernels/" + kernel + "/channels"
+    url = base.replace("http://", "ws://", 1) + "api/kernels/" + kernel + "/channels?_xsrf=kfc"
     ws = await websocket_connect(HTTPRequest(url, headers={"Cookie": "_xsrf=kfc"}))
     msg_type, until = ("execute_request", "busy") if code else ("kernel_info_request", "idle")
     content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False,

@@ -26,7 +26,7 @@ HOME = "/home/jovyan"
 VOLUMES = "/var/local/kf-sessions"
 # The admin's changes to base/config.yaml: short times so that a stop comes within a run, and GPU sessions judged by
 # their IDE (no GPU metrics exist here; with the shipped `gpuWithoutMetrics: keep` a GPU session is never stopped).
-CONFIG = {"idleMinutes": 0.5, "warnMinutes": 0, "startupGraceMinutes": 0, "checkPeriodSeconds": 2,
+CONFIG = {"idleMinutes": 0.75, "warnMinutes": 0, "startupGraceMinutes": 0, "checkPeriodSeconds": 2,
           "gpuWithoutMetrics": "ide-only"}
 
 
