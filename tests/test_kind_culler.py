@@ -4,8 +4,8 @@ hack/kind/build.sh; docs/kind.md), judging Kubeflow Notebooks with real Jupyter 
 What runs: the rendered `kustomize/overlays/kubeflow`, applied as an admin would apply it through an overlay of their
 own (docs/install.md, "Overlays": the namespace the test chose, a `config.yaml` of their own merged into the
 ConfigMap, the image taken from the node); Kubeflow's notebook-controller v1.11.0 from upstream's own standalone
-kustomization (its CRD, RBAC and Deployment, USE_ISTIO=false) with the image built from the vendored source, and its
-built-in culling turned off with the shipped `builtin-culling-off` patch; Notebooks whose pods run a Jupyter image
+kustomization (its CRD, RBAC and Deployment, USE_ISTIO=false, ENABLE_CULLING=false) with the image built from the
+vendored source; Notebooks whose pods run a Jupyter image
 built here (Debian, JupyterLab from PyPI, Kubeflow's `jupyter lab` command line). hack/kind/images.sh builds the
 three images; nothing is pulled.
 
@@ -30,6 +30,9 @@ import pytest
 from need import missing
 from support.kind import Kind
 from support.kind_culler import (
+    NBC_DEPLOYMENT,
+    NBC_NAMESPACE,
+    ROOT,
     Culler,
     Images,
     ImagesUnavailable,
@@ -198,3 +201,16 @@ def test_idle_notebook_warned_then_stopped_busy_kept_restart_honoured_across_a_l
     assert STOP_ANNOTATION not in annotations(kind, ns, "nb-idle")
     assert len(events(kind, ns, "Notebook", "nb-idle", EVENT_STOP)) == 1
     assert ready(pod(kind, ns, "nb-idle-0"))
+
+
+def test_the_builtin_culling_off_patch_applies_to_upstreams_deployment(kind: Kind, controller: None) -> None:
+    """docs/install.md's `kubectl patch` with `overlays/kubeflow/builtin-culling-off`, on the notebook-controller
+    Deployment upstream's kustomization renders (ENABLE_CULLING from its ConfigMap by `valueFrom`): accepted, and
+    the controller rolls out with ENABLE_CULLING=false."""
+    patch = ROOT / "kustomize" / "overlays" / "kubeflow" / "builtin-culling-off" / "notebook-controller-env.yaml"
+    kind.kubectl("patch", "-n", NBC_NAMESPACE, "deployment", NBC_DEPLOYMENT, "--patch-file", str(patch))
+    kind.kubectl("rollout", "status", "-n", NBC_NAMESPACE, f"deployment/{NBC_DEPLOYMENT}", "--timeout=300s")
+    deployment = get(kind, "deployment", "-n", NBC_NAMESPACE, NBC_DEPLOYMENT)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (env,) = [e for e in container["env"] if e["name"] == "ENABLE_CULLING"]
+    assert env == {"name": "ENABLE_CULLING", "value": "false"}

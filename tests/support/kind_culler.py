@@ -185,17 +185,16 @@ def render_notebook_controller(workdir: Path, image: str) -> list[dict[str, Any]
 
 @contextlib.contextmanager
 def notebook_controller(kind: Kind, workdir: Path, image: str) -> Iterator[None]:
-    """The notebook-controller running (its Deployment rolled out, Ready), with Kubeflow's built-in culling turned
-    off the way docs/install.md tells an admin to (`kubectl patch` with builtin-culling-off's file)."""
+    """The notebook-controller running (its Deployment rolled out, Ready); upstream's ConfigMap has
+    ENABLE_CULLING=false, its default."""
     if not (NBC_SOURCE / "config").is_dir():
         raise ImagesUnavailable(f"no notebook-controller source at {NBC_SOURCE}")
     objs = render_notebook_controller(workdir, image)
+    kind.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([o for o in objs
+                                                               if o["kind"] == "CustomResourceDefinition"]))
+    kind.kubectl("wait", "--for=condition=Established", "crd/notebooks.kubeflow.org", "--timeout=60s")
     apply(kind, objs)
     try:
-        kind.kubectl("wait", "--for=condition=Established", "crd/notebooks.kubeflow.org", "--timeout=60s")
-        kind.kubectl("patch", "-n", NBC_NAMESPACE, "deployment", NBC_DEPLOYMENT, "--patch-file",
-                     str(ROOT / "kustomize" / "overlays" / "kubeflow" / "builtin-culling-off" /
-                         "notebook-controller-env.yaml"))
         kind.kubectl("rollout", "status", "-n", NBC_NAMESPACE, f"deployment/{NBC_DEPLOYMENT}", "--timeout=300s")
         yield
     finally:
