@@ -80,9 +80,10 @@ def apply(kind: Kind, objs: list[dict[str, Any]]) -> None:
     kind.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
 
 
-def delete(kind: Kind, objs: list[dict[str, Any]]) -> None:
+def delete(kind: Kind, objs: list[dict[str, Any]], wait: bool = False) -> None:
     with contextlib.suppress(AssertionError):
-        kind.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=yaml.safe_dump_all(objs))
+        kind.kubectl("delete", "--ignore-not-found", f"--wait={str(wait).lower()}", "--timeout=180s", "-f", "-",
+                     stdin=yaml.safe_dump_all(objs))
 
 
 # --- kf-culler ---------------------------------------------------------------------------------------------------
@@ -198,7 +199,7 @@ def notebook_controller(kind: Kind, workdir: Path, image: str) -> Iterator[None]
         kind.kubectl("rollout", "status", "-n", NBC_NAMESPACE, f"deployment/{NBC_DEPLOYMENT}", "--timeout=300s")
         yield
     finally:
-        delete(kind, [o for o in objs if o["kind"] != "CustomResourceDefinition"])
+        delete(kind, [o for o in objs if o["kind"] != "CustomResourceDefinition"], wait=True)
 
 
 # --- Jupyter in a pod, used as a browser would ------------------------------------------------------------------
