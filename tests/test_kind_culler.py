@@ -102,13 +102,15 @@ def pod(kind: Kind, namespace: str, name: str) -> dict[str, Any]:
     return {} if found.get("metadata", {}).get("deletionTimestamp") else found
 
 
-def test_the_culler_pods_are_ready_elect_one_leader_and_cannot_write_their_root(kind: Kind, culler: Culler) -> None:
+def test_the_culler_pods_are_ready_elect_one_leader_and_cannot_write_their_root(kind: Kind, images: Images,
+                                                                               culler: Culler) -> None:
     """Two replicas, both Ready through their real readiness probe (/readyz: caches synced, passes completing), none
     restarted by its liveness probe (/healthz); one Lease holder among them; the pod's securityContext as rendered,
     and inside it a write to / fails while /tmp (its emptyDir) takes one."""
     pods = culler.wait_ready(2)
     rendered = culler.deployment["spec"]["template"]["spec"]
     (rendered_container,) = rendered["containers"]
+    assert rendered_container["image"] == images.culler  # the image built here, taken from the node
     leader = wait_for("a Lease holder", culler.leader, 120)
     assert leader in pods
     for name in pods:

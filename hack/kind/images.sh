@@ -45,7 +45,8 @@ case "$what" in all|culler|jupyterlab|notebook-controller) ;; *) die "unknown im
 # --- kf-culler's image: its own script (which installs podman, skopeo and mmdebstrap when missing) ------------
 culler() {
   local out; out=$(bash "$root/hack/image/build.sh") || die "hack/image/build.sh failed"
-  printf '%s\n' "$out" | sed -n 's/^image=/culler_image=/p; s/^archive=/culler_archive=/p'
+  # the name in the archive, the overlays' `image: kf-culler` with the version as its tag
+  printf '%s\n' "$out" | sed -n 's/^image=localhost\//culler_image=/p; s/^archive=/culler_archive=/p'
 }
 if [ "$what" = all ] || [ "$what" = culler ]; then culler; fi
 [ "$what" = culler ] && exit 0
