@@ -24,9 +24,10 @@ from support.kind_culler import GPU, apply, condition, get, ready, wait_for
 SESSION_LABEL = "sessions.example.com/reclaim"  # components/workloads' selector, as shipped
 HOME = "/home/jovyan"
 VOLUMES = "/var/local/kf-sessions"
-# The admin's changes to base/config.yaml: short times so that a stop comes within a run, and GPU sessions judged by
-# their IDE (no GPU metrics exist here; with the shipped `gpuWithoutMetrics: keep` a GPU session is never stopped).
-CONFIG = {"idleMinutes": 0.75, "warnMinutes": 0, "startupGraceMinutes": 0, "checkPeriodSeconds": 2,
+# The admin's changes to base/config.yaml: plain workloads only (a cluster without Kubeflow: no Notebook CRD),
+# short times so that a stop comes within a run, and GPU sessions judged by their IDE (no GPU metrics exist here;
+# with the shipped `gpuWithoutMetrics: keep` a GPU session is never stopped).
+CONFIG = {"targets": ["workloads"], "idleMinutes": 0.75, "warnMinutes": 0, "startupGraceMinutes": 0, "checkPeriodSeconds": 2,
           "gpuWithoutMetrics": "ide-only"}
 
 
