@@ -6,8 +6,8 @@ There is no GPU on this machine: the node advertises one `nvidia.com/gpu` becaus
 (capacity and allocatable), as the write-up did. The scheduler counts it like a device plugin's; nothing is attached
 to a container. The culler is the rendered kubeflow overlay with `components/workloads` (docs/targets.md, "plain
 workloads"), applied as tests/test_kind_culler.py applies it (support/kind_culler.py): its config.yaml is the
-shipped one with short times and `gpuWithoutMetrics: ide-only` (no GPU metrics exist here; the shipped `keep` never
-stops a GPU session without them).
+shipped one with `targets: [workloads]` (no Kubeflow on this cluster), short times and `gpuWithoutMetrics: ide-only`
+(no GPU metrics exist here; the shipped `keep` never stops a GPU session without them).
 
 What is asserted is the behaviour, never a time: the idle session scaled to 0 with its reason, its home claim kept;
 the waiting session Ready on the freed GPU; the stopped session, scaled up again by its user, waiting for the GPU
