@@ -215,4 +215,7 @@ def test_the_builtin_culling_off_patch_applies_to_upstreams_deployment(kind: Kin
     deployment = get(kind, "deployment", "-n", NBC_NAMESPACE, NBC_DEPLOYMENT)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     (env,) = [e for e in container["env"] if e["name"] == "ENABLE_CULLING"]
-    assert env == {"name": "ENABLE_CULLING", "value": "false"}
+    assert env == {"name": "ENABLE_CULLING", "value": "false"}  # upstream's valueFrom gone
+    pods = get(kind, "pods", "-n", NBC_NAMESPACE)["items"]
+    assert [p["spec"]["containers"][0]["env"] for p in pods if not p["metadata"].get("deletionTimestamp")
+            and ready(p)] == [container["env"]]  # the controller restarted with it

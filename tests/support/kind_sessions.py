@@ -27,8 +27,8 @@ VOLUMES = "/var/local/kf-sessions"
 # The admin's changes to base/config.yaml: plain workloads only (a cluster without Kubeflow: no Notebook CRD),
 # short times so that a stop comes within a run, and GPU sessions judged by their IDE (no GPU metrics exist here;
 # with the shipped `gpuWithoutMetrics: keep` a GPU session is never stopped).
-CONFIG = {"targets": ["workloads"], "idleMinutes": 0.75, "warnMinutes": 0, "startupGraceMinutes": 0, "checkPeriodSeconds": 2,
-          "gpuWithoutMetrics": "ide-only"}
+CONFIG = {"targets": ["workloads"], "idleMinutes": 0.75, "warnMinutes": 0, "startupGraceMinutes": 0,
+          "checkPeriodSeconds": 2, "gpuWithoutMetrics": "ide-only"}
 
 
 def session(namespace: str, name: str, image: str, labelled: bool) -> list[dict[str, Any]]:
