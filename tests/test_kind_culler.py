@@ -47,7 +47,7 @@ from support.kind_culler import (
     wait_for,
 )
 
-from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION, WARNED_AT_ANNOTATION
+from kf_culler.model import REASON_ANNOTATION, STATE_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
 
 # Idle for 2 minutes is a stop, 1 minute a warning: room for a loaded machine to start the kernels after the servers
@@ -180,7 +180,7 @@ def test_idle_notebook_warned_then_stopped_busy_kept_restart_honoured_across_a_l
     assert len(stopped) == 1 and stopped[0]["reportingInstance"] == new_leader, stopped
     ann = annotations(kind, ns, "nb-idle")
     assert STOP_ANNOTATION in ann and ann[STOPPED_BY_ANNOTATION] == "kf-culler", ann
-    assert WARNED_AT_ANNOTATION in ann and "idle" in ann[REASON_ANNOTATION].lower(), ann
+    assert ann[STATE_ANNOTATION] == "idle" and "idle" in ann[REASON_ANNOTATION].lower(), ann
     wait_for("nb-idle's StatefulSet at 0 replicas",
              lambda: get(kind, "statefulset", "-n", ns, "nb-idle")["spec"]["replicas"] == 0, 120)
     wait_for("nb-idle's pod to be gone", lambda: not get(kind, "pod", "-n", ns, "nb-idle-0"), 180)
