@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from need import missing
 from support.kind import Kind, KindUnavailable, kind_backend, open_kind
+from support.kind_culler import Images, ImagesUnavailable, build_images
 from support.target import KubeTarget, Unavailable, open_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,16 @@ def kind() -> Iterator[Kind]:
         missing("kind", why)
     with open_kind(backend) as kind:
         yield kind
+
+
+@pytest.fixture(scope="session")
+def kind_images(kind: Kind) -> Images:
+    """The images the kind tests run (hack/kind/images.sh: kf-culler's, a JupyterLab image, Kubeflow's
+    notebook-controller), on the kind cluster's node."""
+    try:
+        return build_images(kind)
+    except ImagesUnavailable as why:
+        missing("the kind tests' images (hack/kind/images.sh)", why)
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from need import missing
 from support.kind import Kind
 from support.kind_culler import (
     NBC_DEPLOYMENT,
@@ -35,8 +34,6 @@ from support.kind_culler import (
     ROOT,
     Culler,
     Images,
-    ImagesUnavailable,
-    build_images,
     deployed_culler,
     events,
     get,
@@ -57,16 +54,8 @@ BUSY_CELL = "import time; time.sleep(3600)"
 
 
 @pytest.fixture(scope="module")
-def images(kind: Kind) -> Images:
-    try:
-        return build_images(kind)
-    except ImagesUnavailable as why:
-        missing("the kind tests' images (hack/kind/images.sh)", why)
-
-
-@pytest.fixture(scope="module")
-def controller(kind: Kind, images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    with notebook_controller(kind, tmp_path_factory.mktemp("nbc"), images.notebook_controller):
+def controller(kind: Kind, kind_images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    with notebook_controller(kind, tmp_path_factory.mktemp("nbc"), kind_images.notebook_controller):
         yield
 
 
@@ -79,7 +68,7 @@ def notebooks_ns(kind: Kind) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def culler(kind: Kind, images: Images, controller: None, notebooks_ns: str,
+def culler(kind: Kind, kind_images: Images, controller: None, notebooks_ns: str,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Culler]:
     config = {**CONFIG, "namespaces": {"include": [notebooks_ns], "exclude": []}}
     with deployed_culler(kind, tmp_path_factory.mktemp("culler"), config) as c:
@@ -102,15 +91,15 @@ def pod(kind: Kind, namespace: str, name: str) -> dict[str, Any]:
     return {} if found.get("metadata", {}).get("deletionTimestamp") else found
 
 
-def test_the_culler_pods_are_ready_elect_one_leader_and_cannot_write_their_root(kind: Kind, images: Images,
-                                                                               culler: Culler) -> None:
+def test_the_culler_pods_are_ready_elect_one_leader_and_cannot_write_their_root(
+        kind: Kind, kind_images: Images, culler: Culler) -> None:
     """Two replicas, both Ready through their real readiness probe (/readyz: caches synced, passes completing), none
     restarted by its liveness probe (/healthz); one Lease holder among them; the pod's securityContext as rendered,
     and inside it a write to / fails while /tmp (its emptyDir) takes one."""
     pods = culler.wait_ready(2)
     rendered = culler.deployment["spec"]["template"]["spec"]
     (rendered_container,) = rendered["containers"]
-    assert rendered_container["image"] == images.culler  # the image built here, taken from the node
+    assert rendered_container["image"] == kind_images.culler  # the image built here, taken from the node
     leader = wait_for("a Lease holder", culler.leader, 120)
     assert leader in pods
     for name in pods:
@@ -140,7 +129,7 @@ def test_the_culler_pods_are_ready_elect_one_leader_and_cannot_write_their_root(
 
 
 def test_idle_notebook_warned_then_stopped_busy_kept_restart_honoured_across_a_leader_change(
-        kind: Kind, images: Images, culler: Culler, notebooks_ns: str) -> None:
+        kind: Kind, kind_images: Images, culler: Culler, notebooks_ns: str) -> None:
     """Two Notebooks with real Jupyter pods: `nb-idle` with a kernel opened and left, `nb-busy` with a kernel running a
     long cell. The leader pod is deleted while they run; the other replica takes the Lease and goes on judging: it
     warns nb-idle, then stops it (Events, the culler's annotations, kubeflow-resource-stopped) and the
@@ -150,7 +139,7 @@ def test_idle_notebook_warned_then_stopped_busy_kept_restart_honoured_across_a_l
     ns = notebooks_ns
     pods = culler.wait_ready(2)
     for name in ("nb-idle", "nb-busy"):
-        kind.kubectl("apply", "-f", "-", stdin=json.dumps(notebook(ns, name, images.jupyterlab)))
+        kind.kubectl("apply", "-f", "-", stdin=json.dumps(notebook(ns, name, kind_images.jupyterlab)))
     for name in ("nb-idle", "nb-busy"):
         wait_for(f"pod {name}-0 Ready", lambda n=name: ready(pod(kind, ns, f"{n}-0")), 300)
         service = get(kind, "service", "-n", ns, name)

@@ -22,13 +22,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from need import missing
 from support.kind import Kind
 from support.kind_culler import (
     Culler,
     Images,
-    ImagesUnavailable,
-    build_images,
     deployed_culler,
     fake_gpu,
     get,
@@ -50,14 +47,6 @@ from kf_culler.targets import REPLICAS_BEFORE_ANNOTATION
 
 
 @pytest.fixture(scope="module")
-def images(kind: Kind) -> Images:
-    try:
-        return build_images(kind)
-    except ImagesUnavailable as why:
-        missing("the kind tests' images (hack/kind/images.sh)", why)
-
-
-@pytest.fixture(scope="module")
 def sessions_ns(kind: Kind) -> Iterator[str]:
     name = f"kf-sessions-{uuid.uuid4().hex[:6]}"
     kind.kubectl("create", "namespace", name)
@@ -66,7 +55,8 @@ def sessions_ns(kind: Kind) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def culler(kind: Kind, images: Images, sessions_ns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Culler]:
+def culler(kind: Kind, kind_images: Images, sessions_ns: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Culler]:
     config = {**CONFIG, "namespaces": {"include": [sessions_ns], "exclude": []}}
     with deployed_culler(kind, tmp_path_factory.mktemp("culler"), config, ("workloads",)) as c:
         c.wait_ready(2)
@@ -74,11 +64,11 @@ def culler(kind: Kind, images: Images, sessions_ns: str, tmp_path_factory: pytes
 
 
 def test_the_idle_session_is_scaled_to_zero_and_the_waiting_one_gets_the_gpu(
-        kind: Kind, images: Images, culler: Culler, sessions_ns: str) -> None:
+        kind: Kind, kind_images: Images, culler: Culler, sessions_ns: str) -> None:
     ns = sessions_ns
     with fake_gpu(kind):
         try:
-            start_sessions(kind, ns, images.jupyterlab, "a", "b")
+            start_sessions(kind, ns, kind_images.jupyterlab, "a", "b")
             handoff = hand_off(kind, kind.api_client(), ns, "a", "b")
             print(f"\nthe culler's stop Event to b Ready: {handoff.seconds:.0f} s (to the second); "
                   f"a at 0 replicas to b Ready, watched: {handoff.watched:.2f} s")
