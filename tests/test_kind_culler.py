@@ -4,8 +4,8 @@ hack/kind/build.sh; docs/kind.md), judging Kubeflow Notebooks with real Jupyter 
 What runs: the rendered `kustomize/overlays/kubeflow`, applied as an admin would apply it through an overlay of their
 own (docs/install.md, "Overlays": the namespace the test chose, a `config.yaml` of their own merged into the
 ConfigMap, the image taken from the node); Kubeflow's notebook-controller v1.11.0 from upstream's own standalone
-kustomization (its CRD, RBAC and Deployment, USE_ISTIO=false, ENABLE_CULLING=false) with the image built from the
-vendored source; Notebooks whose pods run a Jupyter image
+kustomization (its CRD, RBAC and Deployment, USE_ISTIO=false, ENABLE_CULLING=false) in Kubeflow's namespace, with the
+image built from the vendored source; Notebooks whose pods run a Jupyter image
 built here (Debian, JupyterLab from PyPI, Kubeflow's `jupyter lab` command line). hack/kind/images.sh builds the
 three images; nothing is pulled.
 

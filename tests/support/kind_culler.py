@@ -29,7 +29,7 @@ from support.kustomize import render
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "hack" / "kind" / "images.sh"
 NBC_SOURCE = ROOT.parent / "shared" / "vendor" / "kubeflow-notebook-controller-v1.11.0"
-NBC_NAMESPACE = "notebook-controller-system"  # upstream's standalone overlay's
+NBC_NAMESPACE = "kubeflow"  # where Kubeflow installs it, and the namespace builtin-culling-off's patch names
 NBC_DEPLOYMENT = "notebook-controller-deployment"
 NBC_UPSTREAM_IMAGE = "ghcr.io/kubeflow/notebooks/notebook-controller"
 GPU = "nvidia.com/gpu"
@@ -171,11 +171,11 @@ def deployed_culler(kind: Kind, workdir: Path, config: dict[str, Any], component
 
 def render_notebook_controller(workdir: Path, image: str) -> list[dict[str, Any]]:
     """Upstream's standalone kustomization (its CRD, RBAC, ServiceAccount, ConfigMap and Deployment, USE_ISTIO=false)
-    with the image built here, taken from the node."""
+    in Kubeflow's namespace, with the image built here, taken from the node."""
     workdir.mkdir(parents=True, exist_ok=True)
     name, tag = image.rsplit(":", 1)
     (workdir / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": NBC_NAMESPACE,
         "resources": [os.path.relpath(NBC_SOURCE / "config" / "overlays" / "standalone", workdir)],
         "images": [{"name": NBC_UPSTREAM_IMAGE, "newName": name, "newTag": tag}],
         "patches": [{"target": {"kind": "Deployment"}, "patch": yaml.safe_dump([
