@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The builds only a few tests need (kf-culler's own image, Coder and Terraform, the kind backend, Open Data Hub's
-# controllers and kube-rbac-proxy), run by hack/test.sh in the background while the other tests run, in the order
-# the tests that need them run (tests/conftest.py LATE). Each build script takes a lock on its cache,
-# so a test harness that needs a binary before its build is done waits for it instead of building it twice.
+# The builds only a few tests need (kf-culler's own image, Coder and Terraform, the kind backend and the images its
+# tests run, Open Data Hub's controllers and kube-rbac-proxy), run by hack/test.sh in the background while the other
+# tests run, in the order the tests that need them run (tests/conftest.py LATE). Each build script takes a lock on its
+# cache, so a test harness that needs a binary before its build is done waits for it instead of building it twice.
 #
 #   bash hack/background-builds.sh        # logs to ${XDG_CACHE_HOME:-~/.cache}/kf-culler/logs/
 set -uo pipefail
@@ -10,9 +10,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 logs=${XDG_CACHE_HOME:-$HOME/.cache}/kf-culler/logs
 mkdir -p "$logs"
 status=0
-for build in hack/image/build.sh hack/coder/build.sh hack/kind/build.sh hack/odh/build.sh; do
+for build in hack/image/build.sh hack/coder/build.sh hack/kind/build.sh hack/kind/images.sh hack/odh/build.sh; do
   [ -f "$build" ] || continue
   name=$(basename "$(dirname "$build")")
+  [ "$(basename "$build")" = build.sh ] || name=$name-$(basename "$build" .sh)  # hack/kind/images.sh: kind-images
   t0=$SECONDS
   if nice -n 10 bash "$build" >"$logs/$name.log" 2>&1; then
     printf '[background] %s: ready (%d s)\n' "$name" "$((SECONDS - t0))" >>"$logs/background.log"

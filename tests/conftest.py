@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +10,8 @@ from typing import Any
 
 import pytest
 from need import missing
-from support.kind import Kind, KindUnavailable, kind_backend
+from support.kind import Kind, KindUnavailable, kind_backend, open_kind
+from support.kind_culler import Images, ImagesUnavailable, build_images
 from support.target import KubeTarget, Unavailable, open_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,28 +35,18 @@ def kind() -> Iterator[Kind]:
         backend = kind_backend()
     except KindUnavailable as why:
         missing("kind", why)
-    from pytest_kind import KindCluster
-
-    saved = os.environ.get("DOCKER_HOST")
-    os.environ["DOCKER_HOST"] = backend.docker_host  # kind (run by pytest-kind) talks to the build's daemon
-    workdir = Path(tempfile.mkdtemp(prefix="kf-culler-kind-"))
-    cluster = KindCluster(Kind.name, kubeconfig=workdir / "kubeconfig", image=backend.node_image,
-                          kind_path=backend.kind_bin, kubectl_path=backend.kubectl_bin)
-    cluster.delete()  # a cluster left by an interrupted run: start clean
-    try:
-        cluster.create()
-        kind = Kind(backend, workdir / "kubeconfig", workdir)
-        kind.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=300s")
-        kind.load_image(backend.tools_image)
+    with open_kind(backend) as kind:
         yield kind
-    finally:
-        cluster.delete()
-        # The build's Docker daemon outlives nothing it served: stopped once the cluster is gone.
-        subprocess.run(["bash", str(ROOT / "hack" / "kind" / "dockerd.sh"), "stop"], check=False)
-        if saved is None:
-            os.environ.pop("DOCKER_HOST", None)
-        else:
-            os.environ["DOCKER_HOST"] = saved
+
+
+@pytest.fixture(scope="session")
+def kind_images(kind: Kind) -> Images:
+    """The images the kind tests run (hack/kind/images.sh: kf-culler's, a JupyterLab image, Kubeflow's
+    notebook-controller), on the kind cluster's node."""
+    try:
+        return build_images(kind)
+    except ImagesUnavailable as why:
+        missing("the kind tests' images (hack/kind/images.sh)", why)
 
 
 @pytest.fixture(scope="session")

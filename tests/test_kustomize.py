@@ -442,7 +442,8 @@ def test_builtin_culling_off_renders_on_its_own_and_only_sets_the_variable() -> 
         "Deployment", CONTROLLER[0], NAMESPACE)
     (c,) = nc["spec"]["template"]["spec"]["containers"]
     assert c["name"] == CONTROLLER[1]
-    assert c["env"] == [{"name": "ENABLE_CULLING", "value": "false"}]
+    # valueFrom removed: Kubeflow v1.11.0 sets the variable with valueFrom, and an entry may not have both
+    assert c["env"] == [{"name": "ENABLE_CULLING", "value": "false", "valueFrom": None}]
     # A partial object merged into Kubeflow's Deployment: it must not touch anything else, least of all
     # the immutable selector or the labels Kubeflow's selector depends on.
     assert set(nc["spec"]) == {"template"} and set(nc["spec"]["template"]) == {"spec"}

@@ -6,11 +6,15 @@ What pytest-kind's options name (`--kind-bin`, `--kind-kubectl-bin`, `--kind-ima
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kf_culler.local.cluster import source_root
 
@@ -73,6 +77,7 @@ class Kind:
         self.backend = backend
         self.kubeconfig = kubeconfig
         self.workdir = workdir
+        self.loaded: set[Path] = set()  # archives already on the node (load_archive_once)
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
         done = subprocess.run([str(self.backend.kubectl_bin), f"--kubeconfig={self.kubeconfig}", *args],
@@ -89,3 +94,48 @@ class Kind:
         """Put an image archive (docker-archive, e.g. hack/image/build.sh's) onto the cluster's node."""
         subprocess.run([str(self.backend.kind_bin), "load", "image-archive", "--name", self.name, str(archive)],
                        env=self.backend.env(), check=True, capture_output=True)
+
+    def load_archive_once(self, archive: Path) -> None:
+        """load_archive, once a cluster: the tests that share the cluster share its images."""
+        if archive not in self.loaded:
+            self.load_archive(archive)
+            self.loaded.add(archive)
+
+    def api_client(self) -> Any:
+        """A Kubernetes API client for the cluster (the kubeconfig pytest-kind wrote)."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def node(self) -> str:
+        (name,) = self.kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}").split()
+        return name
+
+
+@contextlib.contextmanager
+def open_kind(backend: KindBackend) -> Iterator[Kind]:
+    """A kind cluster made through pytest-kind's KindCluster from the local node image, its node Ready and the
+    tools image loaded; deleted, and the build's Docker daemon stopped, on leaving."""
+    from pytest_kind import KindCluster
+
+    saved = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = backend.docker_host  # kind (run by pytest-kind) talks to the build's daemon
+    workdir = Path(tempfile.mkdtemp(prefix="kf-culler-kind-"))
+    cluster = KindCluster(Kind.name, kubeconfig=workdir / "kubeconfig", image=backend.node_image,
+                          kind_path=backend.kind_bin, kubectl_path=backend.kubectl_bin)
+    cluster.delete()  # a cluster left by an interrupted run: start clean
+    try:
+        cluster.create()
+        kind = Kind(backend, workdir / "kubeconfig", workdir)
+        kind.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=300s")
+        kind.load_image(backend.tools_image)
+        yield kind
+    finally:
+        cluster.delete()
+        # The build's Docker daemon outlives nothing it served: stopped once the cluster is gone.
+        subprocess.run(["bash", str(Path(__file__).resolve().parents[2] / "hack" / "kind" / "dockerd.sh"), "stop"],
+                       check=False)
+        if saved is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = saved
