@@ -52,9 +52,12 @@ mkdir -p "$dir/build"
 (cd "$src" && files | while read -r f; do mkdir -p "$dir/build/$(dirname "$f")"; cp "$f" "$dir/build/$f"; done)
 cd "$dir/build"
 npm_flags=(--no-audit --no-fund --loglevel=warn)
-if [[ -f package-lock.json ]]; then
+if [[ -f package-lock.json ]] && cmp -s package-lock.json node_modules/.kf-culler-installed-lock; then
+  say "node_modules as package-lock.json pins (installed before)"
+elif [[ -f package-lock.json ]]; then
   say "npm ci (npm registry, as package-lock.json pins)"
   npm ci "${npm_flags[@]}" >&2 || die "npm ci failed"
+  cp package-lock.json node_modules/.kf-culler-installed-lock
 else
   say "npm install (npm registry; no package-lock.json in $src)"
   npm install "${npm_flags[@]}" >&2 || die "npm install failed"
