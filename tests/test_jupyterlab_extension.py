@@ -289,9 +289,9 @@ def press(browser: Any, key: str) -> None:
     browser.send("Input.dispatchKeyEvent", {**down, "type": "keyUp"})
 
 
-def tab_to(browser: Any, selector: str, most: int = 15) -> list[str]:
-    """Tab from the top of the page until `selector` has the focus; what the focus passed through."""
-    browser.evaluate("document.activeElement && document.activeElement.blur(), window.focus()")
+def tab_to(browser: Any, selector: str, most: int = 40) -> list[str]:
+    """Tab (from wherever the focus is, round the page) until `selector` has the focus; what the focus
+    passed through."""
     seen = []
     for _ in range(most):
         press(browser, "Tab")
