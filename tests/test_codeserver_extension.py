@@ -148,7 +148,8 @@ def stack(kube: Any, api: Any, namespace: str, exe: Path, vsix: Path, tmp_path: 
                "NB_PREFIX": f"/notebook/{namespace}/{NAME}",
                "KF_CULLER_CODE_SERVER_URL": f"{router.base}/keep/{namespace}/{NAME}/"}
         settings = {"security.workspace.trust.enabled": False, "workbench.startupEditor": "none",
-                    "workbench.tips.enabled": False, "update.mode": "none"}
+                    "workbench.tips.enabled": False, "update.mode": "none", "chat.disableAIFeatures": True,
+                    "workbench.secondarySideBar.defaultVisibility": "hidden"}
         with CodeServer(exe, env=env, extensions=(vsix,), settings=settings) as code:
             router.add("cs", namespace, NAME, code.url, strip=True)
             router.add("keep", namespace, NAME, code.url, strip=True)
