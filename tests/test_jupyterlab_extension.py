@@ -351,7 +351,9 @@ def test_banner_in_chromium_and_keep_working(kube: Any, api: Any, namespace: str
         while datetime.now(UTC) < first_warn_at - timedelta(seconds=1.5):
             assert not browser.evaluate(VISIBLE)
             time.sleep(0.5)
-        assert len(browser.requests("kf-culler/verdict")) >= polled + 10
+        # (How many polls fit before warnAt depends on how long the page took to settle: on a loaded
+        # machine, a few.)
+        assert len(browser.requests("kf-culler/verdict")) >= polled + 3
         assert len(browser.requests("api/sessions")) >= 1  # Lab's own polls went on (untracked)
         assert activity(s.lab) == idle_from, "the page's requests moved the server's last_activity"
         # Its warning time passed: the banner comes even before the culler's next pass warns.
@@ -408,17 +410,24 @@ def test_banner_in_chromium_and_keep_working(kube: Any, api: Any, namespace: str
             time.sleep(0.3)
         assert not browser.evaluate(VISIBLE)
 
-        # The next warning: the user did something (a tracked request), then idled again past the
-        # warning time in the culler's eyes (its clock 35 s ahead): another stop time, shown again.
+        # The next warning: the user did something (a tracked request), the culler's pass saw it (kept,
+        # a new stop time), and they idled again past its warning time: the banner is back by itself,
+        # and with the culler's next pass (its clock 2 s ahead, as above) it is a warning.
         s.lab.get("api/contents")
-        s.pass_(timedelta(seconds=35))
+        s.pass_()
+        kept = s.culler_verdict()["verdict"]
+        assert kept["action"] == "keep" and kept["stopAt"] != again["stopAt"], kept
+        browser.wait_for(VISIBLE, 60, "the banner for the next warning")
+        warned = s.pass_(timedelta(seconds=2))
         v = s.culler_verdict()["verdict"]
-        assert v["action"] == "warn" and v["stopAt"] != again["stopAt"], v
-        browser.wait_for(VISIBLE, 10, "the banner for the next warning")
+        assert v["action"] == "warn" and v["stopAt"] == kept["stopAt"], v
         stop_at = parse_time(v["stopAt"])
         assert stop_at is not None
         browser.wait_for(f"document.querySelector('{BANNER} .kf-culler-stop-time').title === "
                          f"{json.dumps(v['stopAt'])}", 10, "the next warning's stop time")
+        # (The click must come after the pass's time, which the injected clock put 2 s ahead.)
+        while datetime.now(UTC) <= warned.now + timedelta(seconds=1):
+            time.sleep(0.2)
 
         # Keep working: one POST, answered; the banner goes, and stays away while the culler's latest
         # verdict is older than the click.
