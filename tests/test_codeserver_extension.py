@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -192,12 +191,6 @@ def toast(browser: Any) -> str:
     return shown
 
 
-def mmss(value: str) -> int:
-    m = re.search(r"(\d{2,}):(\d{2})", value)
-    assert m, value
-    return int(m.group(1)) * 60 + int(m.group(2))
-
-
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_warning_in_code_server_in_chromium_and_keep_working(
@@ -229,11 +222,16 @@ def test_warning_in_code_server_in_chromium_and_keep_working(
         shown = browser.wait_for(FIND_TOAST, 120, TOAST)
         assert v["reason"] in shown, (shown, v["reason"])
         assert f"Stops at {stop_at.strftime('%H:%M UTC')}" in shown, shown
-        status = browser.wait_for(STATUS, 10, "the status bar countdown")
-        first = mmss(status)
-        assert abs(first - (stop_at - datetime.now(UTC)).total_seconds()) <= 3, (status, stop_at)
-        time.sleep(2.2)
-        assert 1 <= first - mmss(browser.evaluate(STATUS)) <= 4  # it counts down
+        browser.wait_for(STATUS, 10, "the status bar countdown")
+        # The countdown is the time to stopAt (the extension host's clock, this machine's): it shows it
+        # (the status bar is redrawn over code-server's websocket, late on a loaded machine), and moves.
+        stop_ms = int(stop_at.timestamp() * 1000)
+        agrees = (f"(() => {{ const m = ({STATUS}).match(/(\\d{{2,}}):(\\d{{2}})/); if (!m) return null;"
+                  f" const left = (+m[1]) * 60 + (+m[2]); const want = ({stop_ms} - Date.now()) / 1000;"
+                  " return Math.abs(left - want) <= 3 ? left : null; })()")
+        first = browser.wait_for(agrees, 30, "the countdown to agree with stopAt")
+        browser.wait_for(f"(() => {{ const left = {agrees}; return left !== null && left < {first}; }})()", 30,
+                         "the countdown to move")
         # The editor is open: code-server counts the tab.
         assert s.code.healthz()["status"] == "alive"
         toast(browser)
