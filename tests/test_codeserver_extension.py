@@ -181,8 +181,8 @@ MARK_KEEP = """(() => { for (const t of document.querySelectorAll('.notification
 
 
 def toast(browser: Any) -> str:
-    """The notification's text. VS Code moves a warning's toast to its notification centre after a few
-    seconds; the status bar item (a real click) shows it again."""
+    """The notification's text; if VS Code has put the toast away into its notification centre, the
+    status bar item (a real click) shows it again."""
     shown = str(browser.evaluate(FIND_TOAST))
     if not shown:
         assert browser.evaluate(MARK_STATUS), "no status bar item"
