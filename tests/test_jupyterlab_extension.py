@@ -319,15 +319,16 @@ def test_banner_in_chromium_and_keep_working(kube: Any, api: Any, namespace: str
     is covered. Dismiss (by keyboard) hides it for that warning; the next warning (another stop time)
     shows it again; "Keep working" posts, hides it, and the culler's next pass keeps the notebook.
 
-    Policy: stopped after 1.5 min idle, warned 1 min before (at 30 s idle), so the warning comes from
-    real idleness and the countdown in the screenshot agrees with the reason."""
+    Policy: stopped after 2 min idle, warned 1 min before (at 60 s idle), so the warning comes from
+    real idleness and the countdown in the screenshot agrees with the reason; a page that takes long to
+    settle on a loaded machine still leaves time to watch it poll before the warning."""
     from support.cdp import Chromium, Unavailable, executable
 
     try:
         executable()
     except Unavailable as err:
         missing("Chromium (hack/setup.sh installs Debian's chromium)", err)
-    policy = {"idleMinutes": 1.5, "warnMinutes": 1}
+    policy = {"idleMinutes": 2, "warnMinutes": 1}
     with stack(kube, api, namespace, lab_python, tmp_path, poll="1", policy=policy) as s, Chromium() as browser:
         untrack_lab_requests(browser)
         browser.navigate(s.lab.url + "lab")
@@ -417,7 +418,7 @@ def test_banner_in_chromium_and_keep_working(kube: Any, api: Any, namespace: str
         s.pass_()
         kept = s.culler_verdict()["verdict"]
         assert kept["action"] == "keep" and kept["stopAt"] != again["stopAt"], kept
-        browser.wait_for(VISIBLE, 60, "the banner for the next warning")
+        browser.wait_for(VISIBLE, 120, "the banner for the next warning")
         warned = s.pass_(timedelta(seconds=2))
         v = s.culler_verdict()["verdict"]
         assert v["action"] == "warn" and v["stopAt"] == kept["stopAt"], v
