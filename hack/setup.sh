@@ -4,7 +4,7 @@
 #   bash hack/setup.sh            # Python package + test deps, control plane, notebook-controller,
 #                                 # the Workspace controller and backend, Kubeflow's web app, Prometheus, code-server,
 #                                 # Chromium, JupyterLab
-#                                 # with kf-culler's extension
+#                                 # with kf-culler's extension, the code-server extension
 #   KF_CULLER_SETUP=minimal ...   # only the Python package and the API-server binaries (the demo's needs)
 #
 # Heavy builds go to ~/.cache/kf-culler (outside the repository), keyed by version.
@@ -71,4 +71,5 @@ apt_chromium() {
 step "Chromium, headless (Debian package; the JupyterLab banner test)" quiet apt_chromium
 step "JupyterLab 4 and the kf-culler extension (PyPI, npm registry; its own virtualenv)" \
   quiet bash hack/jupyterlab/build.sh
+step "kf-culler's code-server extension, a .vsix (npm registry)" quiet bash hack/codeserver/extension.sh
 say "ready"

@@ -68,8 +68,15 @@ class CodeServer(procs.LocalServer):
 
     what = "code-server"
 
-    def __init__(self, exe: Path | None = None) -> None:
+    def __init__(self, exe: Path | None = None, env: dict[str, str] | None = None,
+                 extensions: tuple[Path, ...] = (), settings: dict[str, Any] | None = None) -> None:
+        """`env`: added to code-server's environment (its extension host inherits it); `extensions`:
+        .vsix files installed (`--install-extension`) into its own extensions directory before it starts;
+        `settings`: the user's VS Code settings (settings.json)."""
         self.exe = exe if exe is not None else executable()
+        self.extra_env = dict(env or {})
+        self.extensions = extensions
+        self.settings = settings
         super().__init__("kf-culler-code-server-", "code-server.log")
         self.url = f"http://127.0.0.1:{self.port}/"
 
@@ -83,14 +90,22 @@ class CodeServer(procs.LocalServer):
             (self.dir / sub).mkdir()
         # code-server writes its config file, heartbeat file and logs under the XDG directories.
         env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(self.dir / "config"),
-               "XDG_DATA_HOME": str(self.dir / "data"), "XDG_CACHE_HOME": str(self.dir / "cache")}
+               "XDG_DATA_HOME": str(self.dir / "data"), "XDG_CACHE_HOME": str(self.dir / "cache"),
+               **self.extra_env}
         env.pop("PASSWORD", None)
         env.pop("HASHED_PASSWORD", None)
+        dirs = ["--user-data-dir", str(self.dir / "user-data"), "--extensions-dir", str(self.dir / "extensions")]
+        if self.settings is not None:
+            (self.dir / "user-data" / "User").mkdir(parents=True)
+            (self.dir / "user-data" / "User" / "settings.json").write_text(json.dumps(self.settings))
+        for vsix in self.extensions:
+            done = subprocess.run([str(self.exe), *dirs, "--install-extension", str(vsix)], env=env,
+                                  capture_output=True, text=True, timeout=300, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"code-server --install-extension {vsix} exited {done.returncode}: "
+                                   f"{(done.stdout + done.stderr)[-2000:]}")
         cmd = [str(self.exe), "--auth", "none", "--bind-addr", f"127.0.0.1:{self.port}",
-               "--disable-telemetry", "--disable-update-check",
-               "--user-data-dir", str(self.dir / "user-data"),
-               "--extensions-dir", str(self.dir / "extensions"),
-               str(self.dir / "workspace")]
+               "--disable-telemetry", "--disable-update-check", *dirs, str(self.dir / "workspace")]
         self.launch(cmd, env, timeout)
 
     def ready(self) -> bool:

@@ -1,13 +1,15 @@
 /**
- * kf-culler in JupyterLab: while the culler warns that this notebook will be stopped, a banner at the
- * top says why, counts down to the stop and offers "Keep working".
+ * kf-culler in JupyterLab: while the culler warns that this notebook will be stopped, a banner in
+ * JupyterLab's header area (above the menu bar, which it moves down rather than covers) says why,
+ * counts down to the stop and offers "Keep working" and "Dismiss".
  *
  * The page polls <base>kf-culler/verdict (a server route that never counts as activity) every
  * `pollSeconds` (30 unless the server says otherwise) and shows nothing while the culler is far from a
  * stop or cannot be reached. "Keep working" posts <base>kf-culler/keep, which counts as activity; the
- * banner then stays hidden until a verdict from a later culler pass still says "warn".
+ * banner then stays hidden until a verdict from a later culler pass still says "warn". "Dismiss" hides
+ * it for this warning (this stop time); a warning with another stop time shows it again.
  */
-import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
@@ -51,22 +53,35 @@ export function warns(v: IVerdict): boolean {
   return v.action === 'keep' && v.state === 'idle' && !!v.warnAt && Date.parse(v.warnAt) <= Date.parse(v.now);
 }
 
+/**
+ * The banner: a widget of JupyterLab's header area, a full-width strip above the menu bar. The shell
+ * lays that area out (Lumino's BoxLayout, absolutely positioned children), so the banner's height is
+ * its CSS min-height: it is set from the height its content needs whenever the content or the window's
+ * width changes, and the layout above it is asked to fit again.
+ */
 class Banner extends Widget {
+  private _content: HTMLElement;
   private _reason: HTMLElement;
   private _stop: HTMLElement;
   private _left: HTMLElement;
   private _button: HTMLButtonElement;
+  private _dismiss: HTMLButtonElement;
   private _stopAt = 0;
   private _offset = 0; // server clock minus this browser's clock, in ms
   private _timer = 0;
+  private _onResize = () => this._fitHeight();
 
-  constructor(onKeep: () => void) {
+  constructor(onKeep: () => void, onDismiss: () => void) {
     super();
     this.id = 'kf-culler-banner';
     this.addClass('kf-culler-banner');
-    this.node.setAttribute('role', 'alert');
+    this.node.setAttribute('role', 'region');
+    this.node.setAttribute('aria-label', 'Idle stop warning');
+    this._content = document.createElement('div');
+    this._content.className = 'kf-culler-banner-content';
     const text = document.createElement('div');
     text.className = 'kf-culler-banner-text';
+    text.setAttribute('role', 'alert');
     const title = document.createElement('strong');
     title.textContent = 'This notebook server will be stopped soon. ';
     this._reason = document.createElement('span');
@@ -78,12 +93,21 @@ class Banner extends Widget {
     this._stop.className = 'kf-culler-stop-time';
     this._left = document.createElement('span');
     this._left.className = 'kf-culler-countdown';
+    this._left.setAttribute('aria-live', 'off');
     when.append('Stops at ', this._stop, ' — in ', this._left);
     this._button = document.createElement('button');
+    this._button.type = 'button';
     this._button.className = 'jp-mod-styled jp-mod-accept kf-culler-keep';
     this._button.textContent = 'Keep working';
     this._button.onclick = () => onKeep();
-    this.node.append(text, when, this._button);
+    this._dismiss = document.createElement('button');
+    this._dismiss.type = 'button';
+    this._dismiss.className = 'jp-mod-styled jp-mod-reject kf-culler-dismiss';
+    this._dismiss.textContent = 'Dismiss';
+    this._dismiss.title = 'Hide this warning until the next one';
+    this._dismiss.onclick = () => onDismiss();
+    this._content.append(text, when, this._button, this._dismiss);
+    this.node.append(this._content);
   }
 
   show_(v: IVerdict, receivedAt: number): void {
@@ -98,6 +122,8 @@ class Banner extends Widget {
       this._timer = window.setInterval(() => this._tick(), 1000);
     }
     this.show();
+    this._fitHeight();
+    window.requestAnimationFrame(() => this._fitHeight());
   }
 
   hide_(): void {
@@ -106,6 +132,30 @@ class Banner extends Widget {
       this._timer = 0;
     }
     this.hide();
+  }
+
+  protected onAfterAttach(): void {
+    window.addEventListener('resize', this._onResize);
+  }
+
+  protected onResize(): void {
+    this._fitHeight(); // the shell gave the banner its width: the content may wrap differently
+  }
+
+  protected onBeforeDetach(): void {
+    window.removeEventListener('resize', this._onResize);
+  }
+
+  /** The banner's min-height from its content's, and the shell's layout fitted to it. */
+  private _fitHeight(): void {
+    if (this.isHidden) {
+      return;
+    }
+    const want = `${Math.ceil(this._content.getBoundingClientRect().height)}px`;
+    if (this.node.style.minHeight !== want) {
+      this.node.style.minHeight = want;
+      this.parent?.fit();
+    }
   }
 
   busy(): void {
@@ -121,12 +171,20 @@ class Poller {
   private _settings = ServerConnection.makeSettings();
   private _banner: Banner;
   private _keptAt = 0; // server time of the last "Keep working" (ms), 0: none
+  private _dismissed: string | null = null; // the stopAt of the warning the user dismissed
+  private _shown: string | null = null; // the stopAt of the warning on show
   private _timer = 0;
 
-  constructor() {
-    this._banner = new Banner(() => void this.keep());
+  /** `shell`: JupyterLab's (the banner goes to its header area); else the banner is fixed to the top. */
+  constructor(shell: ILabShell | null) {
+    this._banner = new Banner(() => void this.keep(), () => this.dismiss());
     this._banner.hide();
-    Widget.attach(this._banner, document.body);
+    if (shell) {
+      shell.add(this._banner, 'header');
+    } else {
+      this._banner.addClass('kf-culler-banner-floating');
+      Widget.attach(this._banner, document.body);
+    }
   }
 
   private _url(route: string): string {
@@ -155,12 +213,22 @@ class Poller {
 
   render(v: IVerdict, receivedAt: number): void {
     const passTime = v.passTime ? Date.parse(v.passTime) : 0;
-    if (!warns(v) || (this._keptAt && passTime <= this._keptAt)) {
+    if (!warns(v)) {
+      this._dismissed = null; // the warning is over: the next one shows
+    }
+    if (!warns(v) || (this._keptAt && passTime <= this._keptAt) || v.stopAt === this._dismissed) {
       this._banner.hide_();
       return;
     }
     this._keptAt = 0;
+    this._dismissed = null;
+    this._shown = v.stopAt as string;
     this._banner.show_(v, receivedAt);
+  }
+
+  dismiss(): void {
+    this._dismissed = this._shown;
+    this._banner.hide_();
   }
 
   async keep(): Promise<void> {
@@ -189,8 +257,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'kf-culler-jupyterlab:banner',
   description: "kf-culler's warning before an idle stop, with a Keep working button",
   autoStart: true,
-  activate: (app: JupyterFrontEnd) => {
-    void app.started.then(() => void new Poller().poll());
+  optional: [ILabShell],
+  activate: (app: JupyterFrontEnd, shell: ILabShell | null) => {
+    void app.restored.then(() => void new Poller(shell).poll());
   }
 };
 
