@@ -87,7 +87,7 @@ class ConfiguredPolicy:
                context: Mapping[str, Any]) -> Policy:
         """The notebook's policy, chosen again only when the notebook, pod or context object changed."""
         seen = memo.get("policy")
-        if seen is not None and seen[0] is notebook and seen[1] is pod and seen[2] is context:
+        if seen is not None and seen[0] is notebook and seen[1] is pod and (seen[2] is context or seen[2] == context):
             return cast(Policy, seen[3])
         labels = context.get("namespaceLabels")
         node = context.get("node")

@@ -161,7 +161,8 @@ class SweptPolicy(ConfiguredPolicy):
         the notebook read once into its view with its policy (kf_culler/policy.py `selection`), kept while the
         notebook, pod and context objects stay the same, then `decide_view` at each check."""
         seen = memo.get("selected")
-        if seen is None or seen[0] is not notebook or seen[1] is not pod or seen[2] is not context:
+        if seen is None or seen[0] is not notebook or seen[1] is not pod or (seen[2] is not context
+                                                                            and seen[2] != context):
             labels, node = context.get("namespaceLabels"), context.get("node")
             try:
                 chosen: Selected | None = selection(notebook, pod, self.settings,

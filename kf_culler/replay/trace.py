@@ -97,7 +97,9 @@ class Record:
                  observations_text: str | None = None, path: str = "", context: dict[str, Any] | None = None
                  ) -> None:
         self.time = time
-        self.context = context or {}  # namespaceLabels, node: what the policy choice reads (kf_culler/policy.py)
+        # namespaceLabels, node: what the policy choice reads (kf_culler/policy.py); the reader gives a notebook's
+        # records one object while it is unchanged, so a replay chooses the policy again only when it changes
+        self.context = context if context is not None else {}
         self.id = id  # "namespace/name"
         self.notebook = notebook
         self.pod = pod
@@ -337,4 +339,7 @@ def _records(path: str | Path, to_cut: bool = False) -> Iterator[Record]:
                 raise TraceError(f"{path} line {n}: {key} goes back in time ({format_time(now)} after "
                                  f"{format_time(previous)})")
             last_time[key] = now
-            yield Record(now, key, notebooks[key], pods.get(key), obs, truth, n, obs_text, name, contexts.get(key))
+            context = contexts.get(key)
+            if context is None:
+                context = contexts[key] = {}
+            yield Record(now, key, notebooks[key], pods.get(key), obs, truth, n, obs_text, name, context)
