@@ -1,7 +1,9 @@
 """Asking for more time through the verdict API (docs/verdict-api.md, "Asking for more time"), on the real API
 server: the culler runs as its own ServiceAccount with the shipped RBAC, a notebook pod's own token (TokenRequest
 bound to the pod, for the audience kf-culler) asks to extend its own notebook, and the culler writes keep-until
-itself, bounded by the matched policy's maxExtendMinutes; its next pass keeps the notebook until then."""
+itself, bounded by the matched policy's maxExtendMinutes, under the base's bound on its own writes
+(kustomize/base/writes-policy.yaml, in force in the test's namespaces); its next pass keeps the notebook until
+then."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from support.target import KubeTarget
-from test_rbac import apply, rbac_objects
+from test_rbac import apply, bounded_writes, rbac_objects, writes_bounded
 from test_verdict_api import CULLER_NS, EDITOR, ensure, notebook_pod, pod_token
 
 from kf_culler.config import load_mapping
@@ -60,18 +62,20 @@ def test_a_notebook_asks_for_more_time_within_the_admins_bound(kube: KubeTarget,
     strict = f"{namespace}-z"  # a namespace whose policy allows no extension
     ensure(lambda: core.create_namespace({"metadata": {"name": CULLER_NS}}))
     core.create_namespace({"metadata": {"name": strict}})
-    apply(api, rbac_objects(CULLER_NS, cluster_wide=True))
+    objs = rbac_objects(CULLER_NS, cluster_wide=True, writes_in=[namespace, strict])
+    apply(api, objs)
     culler_api = kube.api_client(kube.service_account_kubeconfig(CULLER_NS, "kf-culler"))
     for ns in (namespace, strict):
         ensure(lambda ns=ns: core.create_namespaced_service_account(ns, {"metadata": {"name": EDITOR}}))
 
-    with Router() as router, JupyterServer(namespace, "nb-a") as server_a, \
+    with bounded_writes(api, objs), Router() as router, JupyterServer(namespace, "nb-a") as server_a, \
             JupyterServer(namespace, "nb-c") as server_c, JupyterServer(strict, "nb-z") as server_z:
         for ns, name, srv in ((namespace, "nb-a", server_a), (namespace, "nb-c", server_c), (strict, "nb-z", server_z)):
             router.add("notebook", ns, name, f"http://127.0.0.1:{srv.port}", strip=False)
             obj.create_notebook(api, ns, obj.notebook(name))
         pods = {name: notebook_pod(api, ns, name) for ns, name in ((namespace, "nb-a"), (namespace, "nb-c"),
                                                                   (strict, "nb-z"))}
+        writes_bounded(culler_api, namespace, "nb-c")
         settings = load_mapping({"idleMinutes": 30, "warnMinutes": 10, "maxExtendMinutes": 60,
                                  "urls": {"jupyter": router.template()},
                                  "namespaces": {"include": [namespace, strict]},
