@@ -165,3 +165,28 @@ def test_a_notebook_asks_for_more_time_within_the_admins_bound(kube: KubeTarget,
             http.stop()
             runner.close()
 
+
+
+def test_what_a_request_is_granted() -> None:
+    """`grant` over a verdict entry: the planned stop plus the minutes asked, clamped to extendUntil; refused
+    when the policy allows none, nothing is planned, the session is stopping, or it is at its longest."""
+    from kf_culler.extend import Granted, Refusal, grant, minutes_asked
+
+    def entry(**verdict: Any) -> dict[str, Any]:
+        return {"verdict": {"action": "warn", "state": "idle", "stopAt": "2026-12-02T13:00:00Z",
+                            "extendUntil": "2026-12-02T14:00:00Z", **verdict}}
+
+    ok = grant(entry(), 60, 30, "nb")
+    assert isinstance(ok, Granted) and ok.keep_until == parse_time("2026-12-02T13:30:00Z") and not ok.clamped
+    capped = grant(entry(), 60, 600, "nb")
+    assert isinstance(capped, Granted) and capped.keep_until == parse_time("2026-12-02T14:00:00Z") and capped.clamped
+    for e, max_extend, reason in ((entry(), 0, "ExtensionNotAllowed"),
+                                  (entry(extendUntil=None), 60, "NoStopPlanned"),
+                                  (entry(stopAt=None, action="keep"), 60, "NoStopPlanned"),
+                                  (entry(action="stop"), 60, "Stopped"),
+                                  (entry(stopAt="2026-12-02T14:00:00Z"), 60, "AtLongestExtension")):
+        refused = grant(e, max_extend, 30, "nb")
+        assert isinstance(refused, Refusal) and refused.reason == reason, (e, refused)
+    assert minutes_asked(b'{"minutes": 90}') == 90
+    for bad in (b"", b"{}", b'{"minutes": true}', b'{"minutes": -1}', b'{"minutes": 1e9}', b"[1]", b"\xff"):
+        assert isinstance(minutes_asked(bad), Refusal), bad
