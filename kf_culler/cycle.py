@@ -32,7 +32,7 @@ from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
-from kf_culler.targets import KINDS, SessionKey, fairness_key, session_key, target_of
+from kf_culler.targets import KINDS, SessionKey, fairness_key, session_key, target_of, uid_of
 
 if TYPE_CHECKING:
     from kf_culler.notify.notifier import Notifier
@@ -88,6 +88,7 @@ class NotebookResult:
     policy: Policy | None = None  # the policy chosen for it (kf_culler/policy.py): notices read maxExtendMinutes
     # A stop that did not take: how its next step went (kf_culler/kube/writer.py `Writer.reclaim`), or None.
     reclaim: str | None = None
+    pod_uid: str | None = None  # the uid of the pod the pass paired with it (a request to extend must come from it)
 
 
 @dataclass
@@ -629,7 +630,7 @@ class Cycle:
                 "kf_culler.rule": verdict.rule, "kf_culler.reason": verdict.reason,
                 "kf_culler.idle_seconds": verdict.idle_seconds or 0.0, "kf_culler.gpus": view.gpus})
             result = NotebookResult(ns, name, stype, view.gpus, verdict, observations, calls, trace_id=trace_id,
-                                    record=view.record, policy=policy)
+                                    record=view.record, policy=policy, pod_uid=uid_of(pod) if pod else None)
             step = self.settings.operations.last_activity_step_minutes
             # Held or deferred by the brakes: nothing is written this pass (no mark taken back, no record).
             result.plan = Plan({}) if j.held else plan(view, verdict, now, step, trace_id)

@@ -271,11 +271,16 @@ Answer = tuple[int, bytes, str, dict[str, str]]  # status, body, Content-Type, e
 TEXT = "text/plain; charset=utf-8"
 
 
-class BoundedServer:
-    """A read-only HTTP server on a BoundedHTTPServer: `answer(method, target, headers)` gives each GET or
-    HEAD its response; every other method gets 405."""
+MAX_POST_BYTES = 1024  # a POST's body (a request to extend: {"minutes": N})
 
-    def __init__(self, address: str, answer: Callable[[str, str, Any, slots.Peer], Answer], name: str) -> None:
+
+class BoundedServer:
+    """An HTTP server on a BoundedHTTPServer: `answer(method, target, headers, peer, body)` gives each GET or
+    HEAD its response, and each POST to a path `posts` accepts (a body of at most MAX_POST_BYTES); every other
+    method gets 405."""
+
+    def __init__(self, address: str, answer: Callable[[str, str, Any, slots.Peer, bytes], Answer], name: str,
+                 posts: Callable[[str], bool] = lambda _path: False) -> None:
         host, _, port = address.rpartition(":")
 
         class Handler(BaseHTTPRequestHandler):
@@ -299,12 +304,27 @@ class BoundedServer:
                 self._send(405, b"method not allowed: read-only\n", TEXT, {"Allow": "GET, HEAD", "Connection": "close"})
                 self.close_connection = True
 
-            do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _refuse
+            do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _refuse
 
-            def _answer(self, method: str) -> None:
+            def do_POST(self) -> None:
+                if not posts(self.path.split("?", 1)[0]):
+                    self._refuse()
+                    return
+                length = self.headers.get("Content-Length")
+                if length is None or not length.isdigit():
+                    self.close_connection = True
+                    self._send(411, b"a POST needs a Content-Length\n", TEXT, {"Connection": "close"})
+                    return
+                if int(length) > MAX_POST_BYTES:
+                    self.close_connection = True
+                    self._send(413, b"body too large\n", TEXT, {"Connection": "close"})
+                    return
+                self._answer("POST", self.rfile.read(int(length)))
+
+            def _answer(self, method: str, sent: bytes = b"") -> None:
                 table, sock = self.server.slots, self.request
                 peer = slots.Peer(self.server._client(self.client_address), lambda ns: table.claim(sock, ns))
-                code, body, ctype, headers = answer(method, self.path, self.headers, peer)
+                code, body, ctype, headers = answer(method, self.path, self.headers, peer, sent)
                 self._send(code, body, ctype, headers, head=method == "HEAD")
 
             def _send(self, code: int, body: bytes, ctype: str, headers: dict[str, str], head: bool = False) -> None:
@@ -346,7 +366,7 @@ class HealthServer(BoundedServer):
         self.notes: list[str] = []  # lines /readyz adds to its answer (e.g. "warning: no GPU metrics source ...")
         super().__init__(address, self._answer, "health")
 
-    def _answer(self, method: str, target: str, headers: Any, peer: slots.Peer) -> Answer:
+    def _answer(self, method: str, target: str, headers: Any, peer: slots.Peer, body: bytes = b"") -> Answer:
         path = target.split("?", 1)[0]
         if path == "/metrics":
             return 200, self.metrics.render(), CONTENT_TYPE_LATEST, {}
@@ -359,16 +379,17 @@ class HealthServer(BoundedServer):
 
 
 class ApiServer(BoundedServer):
-    """Serves the read-only verdict API under /api/ (docs/verdict-api.md), on a port apart from the health
-    and metrics port: every notebook pod may reach this one, only the kubelet and Prometheus the other."""
+    """Serves the verdict API under /api/ (docs/verdict-api.md), on a port apart from the health and metrics
+    port: every notebook pod may reach this one, only the kubelet and Prometheus the other. Its one POST is a
+    request to extend, when the API has an Extender."""
 
     def __init__(self, address: str, api: Any) -> None:
         """`api`: a kf_culler.verdict_api.VerdictApi."""
         self.api = api
-        super().__init__(address, self._answer, "verdict-api")
+        super().__init__(address, self._answer, "verdict-api", posts=getattr(api, "accepts_post", lambda _p: False))
 
-    def _answer(self, method: str, target: str, headers: Any, peer: slots.Peer) -> Answer:
+    def _answer(self, method: str, target: str, headers: Any, peer: slots.Peer, body: bytes = b"") -> Answer:
         if not target.split("?", 1)[0].startswith("/api/"):
             return 404, b"not found\n", TEXT, {}
-        r = self.api.handle(method, target, headers, peer)
+        r = self.api.handle(method, target, headers, peer, body)
         return r.code, r.body, r.content_type, r.headers

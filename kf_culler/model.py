@@ -62,6 +62,9 @@ class Verdict:
     # What chose the policy (kf_culler/policy.py): a rule's name, namespaceOverrides.<ns> or default; set
     # by whoever selected the policy (the cycle, kf-culler decide), not by the rules.
     policy_rule: str | None = None
+    # The latest time keep-until can move `stop_at` to (rule 12: the stop without extension plus
+    # maxExtendMinutes); None when the policy allows no extension or no extendable stop is planned.
+    extend_until: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         def t(x: datetime | None) -> str | None:
@@ -79,5 +82,6 @@ class Verdict:
             "idleSeconds": None if self.idle_seconds is None else round(self.idle_seconds),
             "stopAt": t(self.stop_at),
             "warnAt": t(self.warn_at),
+            "extendUntil": t(self.extend_until),
             "evidence": self.evidence,
         }

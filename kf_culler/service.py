@@ -12,8 +12,10 @@ from typing import Any
 
 from kf_culler.config import Settings
 from kf_culler.cycle import CycleResult, NotebookResult
+from kf_culler.extend import Extender
 from kf_culler.kube.lease import LeaderElector, ShardManager
 from kf_culler.kube.tokens import TokenReviewer
+from kf_culler.kube.writer import Writer
 from kf_culler.metrics import ApiServer, HealthServer, Metrics, not_taken_keys
 from kf_culler.replay.recorder import TraceRecorder
 from kf_culler.rule_check import loosening_rule_warnings
@@ -202,7 +204,11 @@ def serve(settings: Settings, api: Any, opts: Options) -> int:
         servers.append(health)
         log.info("serving /metrics, /healthz and /readyz on %s", opts.metrics_address)
     if opts.api_address and store is not None:
-        servers.append(ApiServer(opts.api_address, VerdictApi(store, TokenReviewer(api))))
+        # Requests to extend are written by whichever replica answers (a user's request, like their own
+        # kubectl annotate; the guarded patch keeps it safe); none when this culler writes nothing.
+        writes = not (opts.dry_run or settings.operations.dry_run)
+        extender = Extender(store, Writer(api) if writes else None)
+        servers.append(ApiServer(opts.api_address, VerdictApi(store, TokenReviewer(api), extender)))
         log.info("serving the verdict API /api/v1/ on %s", opts.api_address)
     for server in servers:
         server.start()

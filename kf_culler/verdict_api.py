@@ -1,15 +1,17 @@
-"""The read-only verdict API (docs/verdict-api.md), served on a port of its own (`--api-address`).
+"""The verdict API (docs/verdict-api.md), served on a port of its own (`--api-address`).
 
     GET /api/v1/namespaces/{namespace}/notebooks/{name}   one notebook's latest verdict
     GET /api/v1/namespaces/{namespace}/notebooks          the namespace's, sorted by name, paged
     GET /api/v1/namespaces/{namespace}/{workspaces|deployments|statefulsets}/{name}
                                                           another target's session (docs/targets.md)
+    POST /api/v1/namespaces/{namespace}/{route}/{name}/extend   {"minutes": N}: ask for more time
+                                                          (kf_culler/extend.py; only with an Extender)
 
 The caller presents a ServiceAccount token for the audience kf-culler (`Authorization: Bearer ...`); a
 TokenReview names its namespace, and only that namespace can be read. Order of checks: method (405), route
 (404), token (401; 429 when the caller's address sent too many refused tokens), namespace (403), a slot of the
-namespace's (429 while its callers hold all of them: kf_culler/slots.py), then the notebook (404). Nothing
-here writes.
+namespace's (429 while its callers hold all of them: kf_culler/slots.py), then the notebook (404). The reads
+write nothing; a request to extend is checked further and written by kf_culler/extend.py.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
+from kf_culler.extend import Extender
 from kf_culler.kube.tokens import ReviewThrottled, ReviewUnavailable, TokenReviewer
 from kf_culler.slots import Peer
 from kf_culler.targets import ROUTES, SessionKey
@@ -35,6 +38,7 @@ MAX_LIST_BYTES = 1024 * 1024  # a list response stops before its body would pass
 _NAME = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
 # One route per target (kf_culler/targets/ `ROUTES`: `notebooks`, `workspaces`, ..., `coderworkspaces`).
 ONE = re.compile(rf"^/api/v1/namespaces/({_NAME})/({'|'.join(map(re.escape, ROUTES))})/({_NAME})$")
+EXTEND = re.compile(rf"^/api/v1/namespaces/({_NAME})/({'|'.join(map(re.escape, ROUTES))})/({_NAME})/extend$")
 LIST = re.compile(rf"^/api/v1/namespaces/({_NAME})/notebooks/?$")
 JSON = "application/json"
 
@@ -63,17 +67,27 @@ def _status(code: int, reason: str, message: str, **headers: str) -> Response:
 
 
 class VerdictApi:
-    def __init__(self, store: VerdictStore, reviewer: TokenReviewer) -> None:
+    def __init__(self, store: VerdictStore, reviewer: TokenReviewer, extender: Extender | None = None) -> None:
+        """`extender`: answers requests to extend (None: there is no such route)."""
         self.store = store
         self.reviewer = reviewer
+        self.extender = extender
 
-    def handle(self, method: str, target: str, headers: Mapping[str, str], peer: Peer | None = None) -> Response:
+    def accepts_post(self, path: str) -> bool:
+        """Whether a POST to `path` is read (a request to extend, when there is an Extender)."""
+        return self.extender is not None and EXTEND.match(path) is not None
+
+    def handle(self, method: str, target: str, headers: Mapping[str, str], peer: Peer | None = None,
+               body: bytes = b"") -> Response:
         """The answer to one request; `peer`: its connection (the caller's address, its namespace's slots)."""
         path, _, query = target.partition("?")
-        if method not in ("GET", "HEAD"):
+        extend = EXTEND.match(path) if self.extender is not None else None
+        if extend and method != "POST":
+            return _status(405, "MethodNotAllowed", "ask for more time with POST", Allow="POST")
+        if method not in ("GET", "HEAD") and not extend:
             return _status(405, "MethodNotAllowed", "read-only: only GET and HEAD", Allow="GET, HEAD")
         one, many = ONE.match(path), LIST.match(path)
-        if not one and not many:
+        if not one and not many and not extend:
             return _status(404, "NotFound", "no such route (see docs/verdict-api.md)")
         auth = headers.get("Authorization") or ""
         scheme, _, token = auth.strip().partition(" ")
@@ -90,7 +104,7 @@ class VerdictApi:
         if not who.authenticated:
             return _status(401, "Unauthorized", "the token was not accepted",
                            **{"WWW-Authenticate": 'Bearer realm="kf-culler", error="invalid_token"'})
-        namespace = (one or many).group(1)  # type: ignore[union-attr]
+        namespace = (one or many or extend).group(1)  # type: ignore[union-attr]
         if who.namespace != namespace:
             return _status(403, "Forbidden", f"{who.username} may read notebooks of its own namespace only")
         if peer is not None and not peer.claim(namespace):
@@ -98,6 +112,12 @@ class VerdictApi:
                            **{"Retry-After": "1"})
         if self.store.passes == 0:
             return _status(503, "ServiceUnavailable", "no pass has completed yet", **{"Retry-After": "10"})
+        if extend:
+            assert self.extender is not None  # `extend` matched only with one
+            code, doc = self.extender.extend(SessionKey.of(namespace, ROUTES[extend.group(2)].kind, extend.group(3)),
+                                             extend.group(2), who, body)
+            retry = doc.get("retryAfter")
+            return _json(code, doc, **({"Retry-After": str(retry)} if retry is not None else {}))
         if one:
             key = route_key(path)
             assert key is not None  # `one` matched

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -55,20 +56,33 @@ def entry(r: NotebookResult, pass_time: datetime) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class Session:
+    """What a request to extend needs beyond the verdict (not served): the pod the pass paired with the session,
+    and the matched policy's maxExtendMinutes."""
+
+    pod_uid: str | None
+    max_extend_minutes: float
+
+
 class VerdictStore:
     """Thread-safe: the runner's thread updates, the HTTP server's threads read."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str], dict[str, Any]] = {}
+        self._sessions: dict[tuple[str, str], Session] = {}
         self._by_ns: dict[str, list[str]] = {}
         self.pass_time: datetime | None = None
         self.passes = 0
 
     def update(self, result: CycleResult) -> None:
         fresh = {(r.namespace, r.name): entry(r, result.now) for r in result.results}
+        sessions = {(r.namespace, r.name): Session(r.pod_uid, r.policy.max_extend_minutes if r.policy else 0.0)
+                    for r in result.results}
         with self._lock:
             entries = {**self._entries, **fresh} if result.interrupted else fresh
+            self._sessions = {**self._sessions, **sessions} if result.interrupted else sessions
             by_ns: dict[str, list[str]] = {}
             for ns, name in entries:
                 by_ns.setdefault(ns, []).append(name)
@@ -81,6 +95,12 @@ class VerdictStore:
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             return self._entries.get((namespace, name))
+
+    def session(self, namespace: str, name: str) -> tuple[dict[str, Any], Session] | None:
+        """A session's verdict entry and what a request to extend it needs, from the same pass."""
+        with self._lock:
+            found = self._entries.get((namespace, name))
+            return None if found is None else (found, self._sessions[(namespace, name)])
 
     def names(self, namespace: str) -> list[str]:
         with self._lock:

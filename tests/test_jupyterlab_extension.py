@@ -34,11 +34,13 @@ from test_verdict_api import CULLER_NS, EDITOR, call, ensure, notebook_pod, pod_
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import CycleResult, NotebookResult
+from kf_culler.extend import EVENT_REASON, Extender
 from kf_culler.kube.tokens import TokenReviewer
+from kf_culler.kube.writer import Writer
 from kf_culler.local import objects as obj
 from kf_culler.local.router import Router
 from kf_culler.metrics import ApiServer, Metrics
-from kf_culler.model import Verdict
+from kf_culler.model import KEEP_UNTIL_ANNOTATION, Verdict
 from kf_culler.runner import Runner
 from kf_culler.service import instrument
 from kf_culler.timeutil import parse_time
@@ -106,7 +108,10 @@ def activity(lab: LabServer) -> datetime:
 
 @contextlib.contextmanager
 def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll: str,
-          policy: dict[str, Any] | None = None, lab_env: dict[str, str] | None = None) -> Iterator[Stack]:
+          policy: dict[str, Any] | None = None, lab_env: dict[str, str] | None = None,
+          writes: bool = False) -> Iterator[Stack]:
+    """`writes`: the culler writes (its passes' marks, and keep-until when the banner asks for more time);
+    else dry-run passes and no requests to extend."""
     core = client.CoreV1Api(api)
     ensure(lambda: core.create_namespace({"metadata": {"name": CULLER_NS}}))
     apply(api, rbac_objects(CULLER_NS, cluster_wide=True))
@@ -118,7 +123,8 @@ def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll
     token_file.write_text(pod_token(api, pod))
 
     store = VerdictStore()
-    http = ApiServer("127.0.0.1:0", VerdictApi(store, TokenReviewer(culler_api)))
+    extender = Extender(store, Writer(culler_api)) if writes else None
+    http = ApiServer("127.0.0.1:0", VerdictApi(store, TokenReviewer(culler_api), extender))
     http.start()
     env = {"KF_CULLER_VERDICT_URL": f"http://127.0.0.1:{http.port}", "KF_CULLER_TOKEN_FILE": str(token_file),
            "KF_CULLER_POLL_SECONDS": poll, "KF_CULLER_TIMEOUT_SECONDS": "3", **(lab_env or {})}
@@ -127,7 +133,7 @@ def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll
         settings = load_mapping({**(policy or {"idleMinutes": 30, "warnMinutes": 10}),
                                  "urls": {"jupyter": router.template()},
                                  "namespaces": {"include": [namespace]}}, "test")
-        runner = Runner(settings, culler_api, dry_run=True, records_namespace=CULLER_NS)
+        runner = Runner(settings, culler_api, dry_run=not writes, records_namespace=CULLER_NS)
         instrument(runner, Metrics(), None, store)
         try:
             with runner:
@@ -169,8 +175,9 @@ def test_server_part_relays_the_verdict_and_only_keep_counts_as_activity(
         assert (doc["reason"], doc["stopAt"], doc["warnAt"], doc["passTime"]) == \
             (v["reason"], v["stopAt"], v["warnAt"], culler["passTime"])
         assert abs((parse_time(doc["now"]) - datetime.now(UTC)).total_seconds()) < 5
-        assert set(doc) == {"available", "state", "action", "reason", "stopAt", "warnAt", "passTime", "now",
-                            "pollSeconds"}
+        assert doc["extendUntil"] == v["extendUntil"] is None  # the policy allows no extension
+        assert set(doc) == {"available", "state", "action", "reason", "stopAt", "warnAt", "extendUntil", "passTime",
+                            "now", "pollSeconds"}
 
         # Polling never counts as activity: 30 polls, and the server's last_activity has not moved.
         # (A tracked API request does move it: the measurement can see a move.)
@@ -458,4 +465,65 @@ def test_banner_in_chromium_and_keep_working(kube: Any, api: Any, namespace: str
         s.http.stop()
         time.sleep(3)
         assert not browser.evaluate(VISIBLE)
+        assert not browser.handler_errors
+
+
+def test_keep_for_more_hours_from_the_banner(kube: Any, api: Any, namespace: str, lab_python: str,
+                                             tmp_path: Path) -> None:
+    """With maxExtendMinutes 120 the warning offers "Keep for 2 more hours"; a click posts once, the culler
+    writes keep-until (the planned stop plus 2 hours, its bound) with an Event, the banner says until when,
+    and the culler's next pass keeps the notebook until then: no warning, the banner goes.
+
+    Policy: stopped after 2 min idle, warned 1 min before; the passes' clock is 70 s ahead, so the notebook
+    is warned without waiting."""
+    from support.cdp import Chromium, Unavailable, executable
+
+    try:
+        executable()
+    except Unavailable as err:
+        missing("Chromium (hack/setup.sh installs Debian's chromium)", err)
+    policy = {"idleMinutes": 2, "warnMinutes": 1, "maxExtendMinutes": 120}
+    ahead = timedelta(seconds=70)
+    with stack(kube, api, namespace, lab_python, tmp_path, poll="1", policy=policy, writes=True) as s, \
+            Chromium() as browser:
+        untrack_lab_requests(browser)
+        browser.navigate(s.lab.url + "lab")
+        browser.wait_for("!!document.querySelector('#jp-main-dock-panel .jp-Launcher')", 120, "JupyterLab's launcher")
+        browser.wait_for(f"!!document.querySelector('{BANNER}')", 60, "the extension's banner element")
+        with contextlib.suppress(TimeoutError):
+            browser.wait_for(DISMISS_NEWS, 5, "JupyterLab's news question")
+        settled(s.lab)
+        s.pass_(ahead)
+        v = s.culler_verdict()["verdict"]
+        assert v["action"] == "warn", v
+        stop_at, latest = parse_time(v["stopAt"]), parse_time(v["extendUntil"])
+        assert stop_at is not None and latest == stop_at + timedelta(minutes=120), v
+        browser.wait_for(VISIBLE, 30, "the warning")
+        extend = f"document.querySelector('{BANNER} .kf-culler-extend')"
+        browser.wait_for(f"!{extend}.hidden && {extend}.textContent === 'Keep for 2 more hours'", 10,
+                         "the button Keep for 2 more hours")
+        if SCREENSHOTS:
+            browser.screenshot(Path(SCREENSHOTS) / "ide-extension-extend-offer.png")
+
+        browser.click(f"{BANNER} .kf-culler-extend")
+        note = f"document.querySelector('{BANNER} .kf-culler-banner-note').textContent"
+        browser.wait_for(f"{note}.startsWith('Kept until')", 30, "the culler's answer in the banner")
+        posts = [r for r in browser.requests("kf-culler/extend") if r["method"] == "POST"]
+        assert len(posts) == 1 and [r["status"] for r in browser.responses("kf-culler/extend")] == [200], posts
+        print("ANSWER", browser.evaluate(note))
+        assert latest.strftime("%H:%M UTC") in str(browser.evaluate(note))
+        assert text(browser, ".kf-culler-stop-time") == latest.strftime("%H:%M UTC")
+        if SCREENSHOTS:
+            browser.screenshot(Path(SCREENSHOTS) / "ide-extension-extend.png")
+        written = obj.get_notebook(api, s.namespace, NAME)["metadata"]["annotations"]
+        assert parse_time(written[KEEP_UNTIL_ANNOTATION]) == latest, written
+        events = [e for e in client.CoreV1Api(api).list_namespaced_event(s.namespace).items
+                  if e.reason == EVENT_REASON]
+        assert len(events) == 1 and f"pod {NAME}-0" in events[0].message, events
+
+        # The culler's next pass keeps it until then: no warning, and the banner goes.
+        s.pass_(ahead + timedelta(seconds=2))
+        after = s.culler_verdict()["verdict"]
+        assert after["action"] == "keep" and parse_time(after["stopAt"]) == latest, after
+        browser.wait_for(f"!{VISIBLE}", 30, "the banner to go once the culler keeps the notebook")
         assert not browser.handler_errors

@@ -635,10 +635,16 @@ def test_authorization_policy_keeps_the_http_port_read_only(overlay: str) -> Non
     pod_labels = culler(objs)["spec"]["template"]["metadata"]["labels"]
     assert selects(spec["selector"], pod_labels)
     assert not selects(spec["selector"], {"notebook-name": "nb"})
-    api_rule, health_rule = spec["rules"]
+    api_rule, extend_rule, health_rule = spec["rules"]
     for rule in spec["rules"]:
         assert "from" not in rule  # any workload of any namespace; the culler checks the token itself
-    (api_to,), (health_to,) = api_rule["to"], health_rule["to"]
+    (api_to,), (extend_to,), (health_to,) = api_rule["to"], extend_rule["to"], health_rule["to"]
+    # The one write: a request to extend (POST .../extend), on the API's port only.
+    extend = extend_to["operation"]
+    assert extend["methods"] == ["POST"] and extend["ports"] == [str(API_PORT)]
+    assert any(_template_matches(t, "/api/v1/namespaces/team-a/notebooks/nb/extend") for t in extend["paths"])
+    assert not any(_template_matches(t, p) for t in extend["paths"]
+                   for p in ("/api/v1/namespaces/team-a/notebooks/nb", "/metrics"))
     for op in (api_to["operation"], health_to["operation"]):
         assert sorted(op["methods"]) == ["GET", "HEAD"]
     api, health = api_to["operation"], health_to["operation"]

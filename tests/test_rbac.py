@@ -366,8 +366,9 @@ def test_the_cullers_writes_are_its_marks_and_its_stops_and_nothing_more(kube: K
     """kf-culler-writes (kustomize/base/writes-policy.yaml), as the culler's ServiceAccount with the base's RBAC and
     components/workloads' and components/workspaces' (patch on every kind it stops): the Writer's real warn, stop
     and restart patches (and its guarded JSON Patch) go through on a Notebook, a Workspace, a Deployment and a
-    StatefulSet; a new image, command, label, replica count or annotation of anyone else's, an unpause, exempt or
-    keep-until, a create or a delete are refused, though RBAC allows every one of those patches."""
+    StatefulSet; a new image, command, label, replica count or annotation of anyone else's, an unpause, exempt, the
+    removal of a keep-until, a create or a delete are refused (setting keep-until, on a user's request, passes),
+    though RBAC allows every one of those patches."""
     from kf_culler.kube.writer import Writer
     from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, STATE_ANNOTATION, Verdict
     from kf_culler.plan import plan
@@ -420,7 +421,14 @@ def test_the_cullers_writes_are_its_marks_and_its_stops_and_nothing_more(kube: K
             assert patch(kind, pod) == 403, kind
             assert patch(kind, {"metadata": {"annotations": {"team.example.com/owner": "mallory"}}}) == 403, kind
             assert patch(kind, {"metadata": {"annotations": {EXEMPT_ANNOTATION: "true"}}}) == 403, kind
-            assert patch(kind, {"metadata": {"annotations": {KEEP_UNTIL_ANNOTATION: "2099-01-01T00:00:00Z"}}}) == 403
+            # keep-until: the culler sets it on a user's request (kf_culler/extend.py; rule 12 still caps what it
+            # moves), never removes one: a user's request stays theirs to take back.
+            assert patch(kind, {"metadata": {"annotations": {KEEP_UNTIL_ANNOTATION: "2099-01-01T00:00:00Z"}}}) == 200
+            assert patch(kind, {"metadata": {"annotations": {KEEP_UNTIL_ANNOTATION: None}}}) == 403, kind
+            t = target_of({"kind": kind})
+            client.CustomObjectsApi(api).patch_namespaced_custom_object(  # the user takes it back
+                t.group, t.version, namespace, t.plural, names[kind],
+                {"metadata": {"annotations": {KEEP_UNTIL_ANNOTATION: None}}}, _content_type=merge)
             assert patch(kind, {"metadata": {"finalizers": ["example.com/hold"]}}) == 403, kind
         # A refusal names what it refused.
         t = target_of({"kind": "Deployment"})

@@ -61,13 +61,27 @@ class Identity:
     namespace: str | None = None  # set for ServiceAccounts only
     service_account: str | None = None
     error: str = ""
+    # The pod the token is bound to (a projected token is; TokenReview's `extra`), for writes of one session only
+    pod_name: str | None = None
+    pod_uid: str | None = None
 
 
-def identity_from(username: str) -> Identity:
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+
+
+def _one(extra: Any, key: str) -> str | None:
+    values = extra.get(key) if isinstance(extra, dict) else None
+    return str(values[0]) if isinstance(values, list) and len(values) == 1 and values[0] else None
+
+
+def identity_from(username: str, extra: Any = None) -> Identity:
+    """The identity of a TokenReview's user; `extra`: its `extra` (the pod a projected token is bound to)."""
     if username.startswith(SA_PREFIX):
         ns, _, sa = username[len(SA_PREFIX):].partition(":")
         if ns and sa and ":" not in sa:
-            return Identity(True, username, ns, sa)
+            return Identity(True, username, ns, sa, pod_name=_one(extra, POD_NAME_EXTRA),
+                            pod_uid=_one(extra, POD_UID_EXTRA))
     return Identity(True, username)
 
 
@@ -219,4 +233,4 @@ class TokenReviewer:
             return Identity(False, error=(status.error if status is not None else "") or "not authenticated")
         if self.audience not in (status.audiences or []):  # an API server that ignored the audience asked for
             return Identity(False, error=f"token not minted for the audience {self.audience}")
-        return identity_from(str(status.user.username or ""))
+        return identity_from(str(status.user.username or ""), status.user.extra)

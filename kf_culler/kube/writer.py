@@ -135,6 +135,21 @@ class Writer:
                 result.event = self.event(current, result.plan.event, now)
         return result
 
+    def read(self, kind: str, namespace: str, name: str) -> tuple[dict[str, Any] | None, str | None]:
+        """A session's object as the API server has it now: (object, None), (None, None) when there is none, or
+        (None, why) when it cannot be read. Never raises."""
+        from kubernetes.client.rest import ApiException
+
+        target = target_of({"kind": kind})
+        try:
+            found: dict[str, Any] = with_backoff(lambda: self.custom.get_namespaced_custom_object(
+                target.group, target.version, namespace, target.plural, name, _request_timeout=REQUEST_TIMEOUT))
+            return found, None
+        except ApiException as err:
+            return None, None if err.status == 404 else f"HTTP {err.status}"
+        except Exception as err:
+            return None, type(err).__name__
+
     def reclaim(self, namespace: str, step: Reclaim, may_write: Callable[[], bool] = lambda: True) -> str:
         """Take a stop's next step (kf_culler/rules/untaken.py): scale the session's own StatefulSet to 0 through
         its `scale` subresource (nothing but the replica count can change), as a JSON Patch that first tests the

@@ -40,10 +40,11 @@ class Rule:
 
 def _verdict(ev: Evidence, action: Action, state: State, reason: str, rule: RuleId, *,
              with_evidence: bool = True, idle_since: datetime | None = None, idle_seconds: float | None = None,
-             stop_at: datetime | None = None, warn_at: datetime | None = None) -> Verdict:
+             stop_at: datetime | None = None, warn_at: datetime | None = None,
+             extend_until: datetime | None = None) -> Verdict:
     return Verdict(action, state, reason, rule, server_type=ev.view.server_type, gpu_notebook=ev.view.gpu_notebook,
                    idle_since=idle_since, idle_seconds=idle_seconds, stop_at=stop_at, warn_at=warn_at,
-                   evidence=ev.record if with_evidence else {})
+                   evidence=ev.record if with_evidence else {}, extend_until=extend_until)
 
 
 def _plain(ev: Evidence, action: Action, state: State, reason: str, rule: RuleId) -> Verdict:
@@ -157,7 +158,7 @@ def lifetime_cap(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
     if cap is None:
         return None
     started = _clock(ev).since
-    stop_at, note = _extension(ev, policy, now, add_minutes(started, cap))
+    stop_at, note, latest = _extension(ev, policy, now, add_minutes(started, cap))
     warn_at = add_minutes(stop_at, -policy.warn_minutes)
     if now < stop_at and (policy.warn_minutes <= 0 or now < warn_at):
         return None
@@ -166,7 +167,7 @@ def lifetime_cap(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
         return None  # the later rule stops it now: its verdict, its id
     ran, since, limit = minutes((now - started).total_seconds()), hhmm(started, now), minutes(cap * 60)
     timing: dict[str, Any] = {"idle_since": rest.idle_since, "idle_seconds": rest.idle_seconds,
-                              "stop_at": stop_at, "warn_at": warn_at}
+                              "stop_at": stop_at, "warn_at": warn_at, "extend_until": latest}
     if now >= stop_at:
         return _verdict(ev, "stop", rest.state, f"Stopped by the lifetime cap: it ran {ran} since {since}, and this "
                         f"cluster stops notebooks after {limit} running, even in use. Your files in the home volume "
@@ -241,13 +242,13 @@ def no_signal_gpu_idle(ev: Evidence, policy: Policy, now: datetime) -> Verdict |
     after = policy.no_signal.after_minutes
     if policy.no_signal.action == "stop" and after is not None and add_minutes(clock.idle_since, after) < limit_stop:
         return None  # noSignal stops it first: rule 6's verdict
-    stop_at, note = _extension(ev, policy, now, limit_stop)
+    stop_at, note, latest = _extension(ev, policy, now, limit_stop)
     warn_at = add_minutes(stop_at, -policy.warn_minutes)
     if now < stop_at and (policy.warn_minutes <= 0 or now < warn_at):
         return None
     gpu_idle = minutes((now - gpu_since).total_seconds())
     timing: dict[str, Any] = {"idle_since": gpu_since, "idle_seconds": (now - gpu_since).total_seconds(),
-                              "stop_at": stop_at, "warn_at": warn_at}
+                              "stop_at": stop_at, "warn_at": warn_at, "extend_until": latest}
     what = f"{ev.ide_problem}; the GPU has shown no work for {gpu_idle}, since {hhmm(gpu_since, now)}"
     limit = minutes((policy.no_signal_gpu_idle_limit or 0) * 60)
     if now >= stop_at:
@@ -308,24 +309,27 @@ def connected(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
                     "9-connected", idle_since=clock.idle_since, idle_seconds=clock.idle_seconds(now))
 
 
-def _extension(ev: Evidence, policy: Policy, now: datetime, stop_at: datetime) -> tuple[datetime, str]:
-    """Rule 12: the stop time a keep-until request moves to, and what the reason says about it."""
+def _extension(ev: Evidence, policy: Policy, now: datetime,
+               stop_at: datetime) -> tuple[datetime, str, datetime | None]:
+    """Rule 12: the stop time a keep-until request moves to, what the reason says about it, and the latest time
+    a request may move it to (None: this cluster allows no extension)."""
+    latest = add_minutes(stop_at, policy.max_extend_minutes) if policy.max_extend_minutes > 0 else None
     raw_until = ev.annotations.get(KEEP_UNTIL_ANNOTATION)
     if raw_until is None:
-        return stop_at, ""
+        return stop_at, "", latest
     until = parse_time(raw_until)
     if until is None:
-        return stop_at, f" ({KEEP_UNTIL_ANNOTATION} {str(raw_until)[:40]!r} is not a readable time and was ignored.)"
-    if policy.max_extend_minutes <= 0:
-        return stop_at, f" ({KEEP_UNTIL_ANNOTATION} is not honoured on this cluster.)"
+        return stop_at, (f" ({KEEP_UNTIL_ANNOTATION} {str(raw_until)[:40]!r} is not a readable time and was "
+                         "ignored.)"), latest
+    if latest is None:
+        return stop_at, f" ({KEEP_UNTIL_ANNOTATION} is not honoured on this cluster.)", None
     if until <= stop_at:
-        return stop_at, ""
-    cap = add_minutes(stop_at, policy.max_extend_minutes)
-    moved = min(until, cap)
-    if until > cap:
+        return stop_at, "", latest
+    moved = min(until, latest)
+    if until > latest:
         return moved, (f" (The request to keep it until {hhmm(until, now)} was capped at {hhmm(moved, now)}, "
-                       "the longest extension this cluster allows.)")
-    return moved, f" (Kept until {hhmm(moved, now)} at the user's request.)"
+                       "the longest extension this cluster allows.)"), latest
+    return moved, f" (Kept until {hhmm(moved, now)} at the user's request.)", latest
 
 
 def _idle_words(ev: Evidence, state: State) -> str:
@@ -342,10 +346,10 @@ def _warn_then_stop(ev: Evidence, policy: Policy, now: datetime, rule: RuleId, s
     """Rules 10 and 12 over an idle clock and its limit; a half reading (rule 6) is only ever kept."""
     assert ev.ide is not None
     idle_seconds = (now - idle_since).total_seconds()
-    stop_at, note = _extension(ev, policy, now, add_minutes(idle_since, limit))
+    stop_at, note, latest = _extension(ev, policy, now, add_minutes(idle_since, limit))
     warn_at = add_minutes(stop_at, -policy.warn_minutes)
     timing: dict[str, Any] = {"idle_since": idle_since, "idle_seconds": idle_seconds,
-                              "stop_at": stop_at, "warn_at": warn_at}
+                              "stop_at": stop_at, "warn_at": warn_at, "extend_until": latest}
     what, since, idle = _idle_words(ev, state), hhmm(idle_since, now), minutes(idle_seconds)
     if ev.ide.busy:  # only reached when the busy kernel stopped counting (busyKernelGpuIdleMinutes)
         note = (f" A kernel reports busy, but the GPU has been idle for over "

@@ -1,7 +1,9 @@
-"""Two routes under the Jupyter server's base_url:
+"""Three routes under the Jupyter server's base_url:
 
     GET  <base>kf-culler/verdict   the culler's latest verdict on this notebook, small; never counts as activity
     POST <base>kf-culler/keep      "Keep working": counts as activity, like any API request a user makes
+    POST <base>kf-culler/extend    {"minutes": N}: asks the culler for more time (it writes keep-until, within
+                                   the admin's bound); the culler's answer, passed on
 
 Where the verdict comes from (environment of the notebook's container):
 
@@ -62,6 +64,14 @@ def notebook_identity(base_url: str) -> Optional[Tuple[str, str, str]]:
     return None
 
 
+def _token() -> Optional[str]:
+    try:
+        with open(os.environ.get("KF_CULLER_TOKEN_FILE") or TOKEN_FILE, encoding="utf-8") as f:
+            return f.read().strip()  # read every time: the kubelet rotates projected tokens
+    except OSError:
+        return None
+
+
 class VerdictHandler(APIHandler):
     """Asks the culler; looking must never keep the notebook alive, so this request is not activity."""
 
@@ -86,11 +96,9 @@ class VerdictHandler(APIHandler):
         if who is None:
             return self._unavailable("NB_PREFIX is neither /notebook/<namespace>/<name> nor a Workspace's "
                                      "/workspace/connect/<namespace>/<name>/<portId>")
-        try:
-            with open(os.environ.get("KF_CULLER_TOKEN_FILE") or TOKEN_FILE, encoding="utf-8") as f:
-                token = f.read().strip()  # read every time: the kubelet rotates projected tokens
-        except OSError as err:
-            return self._unavailable(f"no ServiceAccount token: {err.strerror}")
+        token = _token()
+        if token is None:
+            return self._unavailable("no ServiceAccount token")
         timeout = _float_env("KF_CULLER_TIMEOUT_SECONDS", 3, 0.1, 30)
         request = HTTPRequest(f"{base}/api/v1/namespaces/{who[0]}/{who[2]}/{who[1]}",
                               headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
@@ -112,6 +120,7 @@ class VerdictHandler(APIHandler):
             "reason": str(verdict.get("reason") or "")[:MAX_REASON],
             "stopAt": verdict.get("stopAt"),
             "warnAt": verdict.get("warnAt"),
+            "extendUntil": verdict.get("extendUntil"),
             "passTime": doc.get("passTime"),
         })
 
@@ -132,11 +141,59 @@ class KeepHandler(APIHandler):
         self.finish(json.dumps({"kept": True, "at": _iso(now)}))
 
 
+class ExtendHandler(APIHandler):
+    """"Keep for N more hours": the culler writes keep-until on this notebook, within the admin's bound. Not
+    activity by itself (the time asked for is what keeps the notebook)."""
+
+    _track_activity = False
+
+    def _answer(self, code: int, doc: dict[str, Any]) -> None:
+        self.set_status(code)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(doc))
+
+    @web.authenticated
+    async def post(self) -> None:
+        try:
+            minutes = json.loads(self.request.body or b"null")["minutes"]
+        except (ValueError, KeyError, TypeError):
+            return self._answer(400, {"message": 'the body must be {"minutes": N}'})
+        if isinstance(minutes, bool) or not isinstance(minutes, int):
+            return self._answer(400, {"message": "minutes must be a whole number"})
+        base = os.environ.get("KF_CULLER_VERDICT_URL", "").strip().rstrip("/")
+        who = notebook_identity(self.base_url)
+        token = _token()
+        if not base or who is None or token is None:
+            return self._answer(503, {"message": "the culler cannot be asked from this notebook"})
+        timeout = _float_env("KF_CULLER_TIMEOUT_SECONDS", 3, 0.1, 30)
+        request = HTTPRequest(f"{base}/api/v1/namespaces/{who[0]}/{who[2]}/{who[1]}/extend", method="POST",
+                              body=json.dumps({"minutes": minutes}),
+                              headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                                       "Accept": "application/json"},
+                              connect_timeout=timeout, request_timeout=max(timeout, 10), follow_redirects=False)
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+            doc = json.loads(response.body) if response.body else {}
+        except (OSError, ValueError) as err:
+            return self._answer(503, {"message": f"the culler cannot be reached: {type(err).__name__}"})
+        if not isinstance(doc, dict):
+            doc = {}
+        code = response.code if 200 <= response.code < 600 else 503
+        out = {"message": str(doc.get("message") or f"the culler answered {response.code}")[:MAX_REASON]}
+        if code == 200:
+            out["keepUntil"] = doc.get("keepUntil")
+            out["clamped"] = bool(doc.get("clamped"))
+        elif "retryAfter" in doc:
+            out["retryAfter"] = doc["retryAfter"]
+        return self._answer(code, out)
+
+
 def setup_handlers(web_app: Any, log: Any = None) -> None:
     base_url = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [
         (url_path_join(base_url, "kf-culler", "verdict"), VerdictHandler),
         (url_path_join(base_url, "kf-culler", "keep"), KeepHandler),
+        (url_path_join(base_url, "kf-culler", "extend"), ExtendHandler),
     ])
     if log is not None:
         url = os.environ.get("KF_CULLER_VERDICT_URL") or "(KF_CULLER_VERDICT_URL unset: nothing shown)"

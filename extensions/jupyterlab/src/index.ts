@@ -7,7 +7,9 @@
  * `pollSeconds` (30 unless the server says otherwise) and shows nothing while the culler is far from a
  * stop or cannot be reached. "Keep working" posts <base>kf-culler/keep, which counts as activity; the
  * banner then stays hidden until a verdict from a later culler pass still says "warn". "Dismiss" hides
- * it for this warning (this stop time); a warning with another stop time shows it again.
+ * it for this warning (this stop time); a warning with another stop time shows it again. When the verdict
+ * says the stop can still be moved (`extendUntil`, the admin's bound), "Keep for N more hours" posts
+ * <base>kf-culler/extend, and the culler writes keep-until itself; the banner says until when.
  */
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { URLExt } from '@jupyterlab/coreutils';
@@ -21,6 +23,7 @@ export interface IVerdict {
   reason?: string;
   stopAt?: string | null;
   warnAt?: string | null;
+  extendUntil?: string | null;
   passTime?: string | null;
   now: string;
   pollSeconds?: number;
@@ -34,6 +37,25 @@ export function countdown(ms: number): string {
   const m = Math.floor(total / 60);
   const s = total % 60;
   return `${m < 10 ? '0' : ''}${m}:${s < 10 ? '0' : ''}${s}`;
+}
+
+/**
+ * What the extend button asks for: the whole hours (or, under an hour, the minutes) the stop can still be
+ * moved by, from the planned stop to `extendUntil`; null when it cannot be moved.
+ */
+export function extension(v: IVerdict): { minutes: number; label: string } | null {
+  if (!v.stopAt || !v.extendUntil) {
+    return null;
+  }
+  const room = Math.floor((Date.parse(v.extendUntil) - Date.parse(v.stopAt)) / 60000);
+  if (!(room >= 1)) {
+    return null;
+  }
+  if (room >= 60) {
+    const hours = Math.floor(room / 60);
+    return { minutes: hours * 60, label: `Keep for ${hours} more hour${hours === 1 ? '' : 's'}` };
+  }
+  return { minutes: room, label: `Keep for ${room} more minute${room === 1 ? '' : 's'}` };
 }
 
 function hhmmUtc(t: Date): string {
@@ -65,13 +87,16 @@ class Banner extends Widget {
   private _stop: HTMLElement;
   private _left: HTMLElement;
   private _button: HTMLButtonElement;
+  private _extend: HTMLButtonElement;
+  private _note: HTMLElement;
+  private _minutes = 0;
   private _dismiss: HTMLButtonElement;
   private _stopAt = 0;
   private _offset = 0; // server clock minus this browser's clock, in ms
   private _timer = 0;
   private _onResize = () => this._fitHeight();
 
-  constructor(onKeep: () => void, onDismiss: () => void) {
+  constructor(onKeep: () => void, onDismiss: () => void, onExtend: (minutes: number) => void) {
     super();
     this.id = 'kf-culler-banner';
     this.addClass('kf-culler-banner');
@@ -100,13 +125,20 @@ class Banner extends Widget {
     this._button.className = 'jp-mod-styled jp-mod-accept kf-culler-keep';
     this._button.textContent = 'Keep working';
     this._button.onclick = () => onKeep();
+    this._extend = document.createElement('button');
+    this._extend.type = 'button';
+    this._extend.className = 'jp-mod-styled jp-mod-accept kf-culler-extend';
+    this._extend.onclick = () => onExtend(this._minutes);
+    this._note = document.createElement('div');
+    this._note.className = 'kf-culler-banner-note';
+    this._note.setAttribute('role', 'status');
     this._dismiss = document.createElement('button');
     this._dismiss.type = 'button';
     this._dismiss.className = 'jp-mod-styled jp-mod-reject kf-culler-dismiss';
     this._dismiss.textContent = 'Dismiss';
     this._dismiss.title = 'Hide this warning until the next one';
     this._dismiss.onclick = () => onDismiss();
-    this._content.append(text, when, this._button, this._dismiss);
+    this._content.append(text, when, this._button, this._extend, this._dismiss, this._note);
     this.node.append(this._content);
   }
 
@@ -117,6 +149,12 @@ class Banner extends Widget {
     this._stop.textContent = hhmmUtc(new Date(this._stopAt));
     this._stop.title = v.stopAt as string;
     this._button.disabled = false;
+    const ext = extension(v);
+    this._extend.disabled = false;
+    this._extend.hidden = ext === null;
+    this._minutes = ext ? ext.minutes : 0;
+    this._extend.textContent = ext ? ext.label : '';
+    this._extend.title = ext ? `The culler keeps it at most until ${hhmmUtc(new Date(Date.parse(v.extendUntil as string)))}` : '';
     this._tick();
     if (!this._timer) {
       this._timer = window.setInterval(() => this._tick(), 1000);
@@ -127,6 +165,7 @@ class Banner extends Widget {
   }
 
   hide_(): void {
+    this._note.textContent = ''; // a later warning starts without the last answer
     if (this._timer) {
       window.clearInterval(this._timer);
       this._timer = 0;
@@ -160,6 +199,24 @@ class Banner extends Widget {
 
   busy(): void {
     this._button.disabled = true;
+    this._extend.disabled = true;
+  }
+
+  /** The culler's answer to "Keep for ...": the new stop time (ok), or why not. */
+  answered(ok: boolean, message: string, keepUntil?: string): void {
+    this._note.textContent = message;
+    this._note.classList.toggle('kf-culler-refused', !ok);
+    this._button.disabled = false;
+    if (ok && keepUntil) {
+      this._stopAt = Date.parse(keepUntil);
+      this._stop.textContent = hhmmUtc(new Date(this._stopAt));
+      this._stop.title = keepUntil;
+      this._extend.hidden = true; // until the next verdict says how much room is left
+      this._tick();
+    } else {
+      this._extend.disabled = false;
+    }
+    this._fitHeight();
   }
 
   private _tick(): void {
@@ -173,11 +230,15 @@ class Poller {
   private _keptAt = 0; // server time of the last "Keep working" (ms), 0: none
   private _dismissed: string | null = null; // the stopAt of the warning the user dismissed
   private _shown: string | null = null; // the stopAt of the warning on show
+  private _pass: string | null = null; // the passTime of the verdict on show
+  // After "Keep for ...": the time the culler granted, shown while the verdicts are still those of the pass
+  // before it (`_pass` then); a later pass reads the culler's keep-until itself.
+  private _extended: { until: string; pass: string | null } | null = null;
   private _timer = 0;
 
   /** `shell`: JupyterLab's (the banner goes to its header area); else the banner is fixed to the top. */
   constructor(shell: ILabShell | null) {
-    this._banner = new Banner(() => void this.keep(), () => this.dismiss());
+    this._banner = new Banner(() => void this.keep(), () => this.dismiss(), m => void this.extend(m));
     this._banner.hide();
     if (shell) {
       shell.add(this._banner, 'header');
@@ -212,6 +273,11 @@ class Poller {
   }
 
   render(v: IVerdict, receivedAt: number): void {
+    if (this._extended && (v.passTime ?? null) === this._extended.pass) {
+      v = { ...v, stopAt: this._extended.until, extendUntil: null }; // the pass before the extension
+    } else {
+      this._extended = null;
+    }
     const passTime = v.passTime ? Date.parse(v.passTime) : 0;
     if (!warns(v)) {
       this._dismissed = null; // the warning is over: the next one shows
@@ -223,6 +289,7 @@ class Poller {
     this._keptAt = 0;
     this._dismissed = null;
     this._shown = v.stopAt as string;
+    this._pass = v.passTime ?? null;
     this._banner.show_(v, receivedAt);
   }
 
@@ -245,6 +312,25 @@ class Poller {
       console.warn('kf-culler: Keep working failed', err);
     }
     this._banner.show(); // the click did not reach the server: leave the banner up
+  }
+
+  async extend(minutes: number): Promise<void> {
+    this._banner.busy();
+    try {
+      const response = await ServerConnection.makeRequest(
+        this._url('extend'), { method: 'POST', body: JSON.stringify({ minutes }) }, this._settings);
+      const doc = (await response.json()) as { message?: string; keepUntil?: string };
+      if (response.ok && doc.keepUntil) {
+        this._shown = doc.keepUntil;
+        this._extended = { until: doc.keepUntil, pass: this._pass };
+        this._banner.answered(true, `Kept until ${hhmmUtc(new Date(Date.parse(doc.keepUntil)))}: ${doc.message || ''}`,
+                              doc.keepUntil);
+      } else {
+        this._banner.answered(false, `More time was not granted: ${doc.message || response.status}`);
+      }
+    } catch (err) {
+      this._banner.answered(false, 'The culler could not be asked; try again in a moment.');
+    }
   }
 
   dispose(): void {
