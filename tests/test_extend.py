@@ -8,6 +8,7 @@ then."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -90,10 +91,19 @@ def test_a_notebook_asks_for_more_time_within_the_admins_bound(kube: KubeTarget,
         try:
             tokens = {name: pod_token(api, pod) for name, pod in pods.items()}
             base = f"/api/v1/namespaces/{namespace}/notebooks"
+            def settled(name: str, token: str, done: Any) -> dict[str, Any]:
+                """The verdict of the first pass for which done(verdict) holds (up to a minute of passes): a pass
+                reads the cache, which sees a write once its watch does."""
+                deadline = time.monotonic() + 60
+                while True:
+                    runner.once()
+                    verdict: dict[str, Any] = get(http.port, f"{base}/{name}", token)["verdict"]
+                    if done(verdict) or time.monotonic() > deadline:
+                        return verdict
+
             with runner:
                 runner.once()
                 first = get(http.port, f"{base}/nb-a", tokens["nb-a"])["verdict"]
-                print("VERDICT", json.dumps(first, indent=2))
                 stop_a, latest_a = parse_time(first["stopAt"]), parse_time(first["extendUntil"])
                 assert stop_a is not None and latest_a == stop_a + timedelta(minutes=60), first
 
@@ -139,8 +149,7 @@ def test_a_notebook_asks_for_more_time_within_the_admins_bound(kube: KubeTarget,
                 assert post(http.port, f"{base}/nb-c", tokens["nb-c"], {"minutes": 5})[0] == 405
 
                 # The culler's next pass keeps nb-a until the time it answered, and says why.
-                runner.once()
-                after = get(http.port, f"{base}/nb-a", tokens["nb-a"])["verdict"]
+                after = settled("nb-a", tokens["nb-a"], lambda v: parse_time(v["stopAt"]) == until)
                 assert parse_time(after["stopAt"]) == until, after
                 assert "at the user's request" in after["reason"], after
                 assert parse_time(get(http.port, f"{base}/nb-c", tokens["nb-c"])["verdict"]["stopAt"]) == latest_c
@@ -149,8 +158,7 @@ def test_a_notebook_asks_for_more_time_within_the_admins_bound(kube: KubeTarget,
                 tick[0] += EXTEND_EVERY_SECONDS
                 code, _, doc = post(http.port, f"{base}/nb-a/extend", tokens["nb-a"], {"minutes": 45})
                 assert code == 200 and doc["clamped"] is True and parse_time(doc["keepUntil"]) == latest_a, doc
-                runner.once()
-                after = get(http.port, f"{base}/nb-a", tokens["nb-a"])["verdict"]
+                after = settled("nb-a", tokens["nb-a"], lambda v: parse_time(v["stopAt"]) == latest_a)
                 assert parse_time(after["stopAt"]) == latest_a and after["action"] == "keep", after
                 tick[0] += EXTEND_EVERY_SECONDS
                 code, _, doc = post(http.port, f"{base}/nb-a/extend", tokens["nb-a"], {"minutes": 5})
@@ -159,8 +167,7 @@ def test_a_notebook_asks_for_more_time_within_the_admins_bound(kube: KubeTarget,
                 # The user-writable annotation keeps working: an earlier keep-until of the user's own is honoured.
                 mine = (stop_a + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
                 obj.patch_annotations(api, namespace, "nb-a", {KEEP_UNTIL_ANNOTATION: mine})
-                runner.once()
-                assert get(http.port, f"{base}/nb-a", tokens["nb-a"])["verdict"]["stopAt"] == mine
+                assert settled("nb-a", tokens["nb-a"], lambda v: v["stopAt"] == mine)["stopAt"] == mine
         finally:
             http.stop()
             runner.close()
