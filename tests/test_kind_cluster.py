@@ -9,27 +9,14 @@ The cluster is made with pytest-kind's own command line from the local node imag
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from support.kind import Kind
+from support.kind_culler import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
 NS = "default"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def manifests(image: str) -> str:
