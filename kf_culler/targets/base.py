@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
@@ -32,7 +33,7 @@ def _dict(value: object) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Target:
+class Target(ABC):
     """One kind of session: how the culler lists, reads, stops and tells about it. Each target module makes
     one (or, for workloads, one per API kind); kf_culler/targets/__init__.py lists them."""
 
@@ -56,18 +57,22 @@ class Target:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}"
 
+    @abstractmethod
     def is_stopped(self, obj: Mapping[str, Any]) -> bool:
         """Whether the session is stopped, by this target's meaning."""
         raise NotImplementedError
 
+    @abstractmethod
     def stop_body(self, obj: Mapping[str, Any], annotations: Mapping[str, str | None]) -> dict[str, Any]:
         """The merge patch that writes a plan's annotations (a stop included) on the session."""
         raise NotImplementedError
 
+    @abstractmethod
     def start_command(self, namespace: str, name: str) -> str:
         """The command its user runs to start it again."""
         raise NotImplementedError
 
+    @abstractmethod
     def keep_command(self, namespace: str, name: str, until: str) -> str | None:
         """The command its user runs to keep it until `until` (None: none exists)."""
         raise NotImplementedError
