@@ -32,15 +32,18 @@ import pytest
 from kubernetes import client
 from need import missing
 from support.codeserver import CodeServer, Unavailable, executable
-from test_rbac import apply, rbac_objects
+from test_rbac import apply, bounded_writes, rbac_objects
 from test_verdict_api import CULLER_NS, EDITOR, call, ensure, notebook_pod, pod_token
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import CycleResult
+from kf_culler.extend import Extender
 from kf_culler.kube.tokens import TokenReviewer
+from kf_culler.kube.writer import Writer
 from kf_culler.local import objects as obj
 from kf_culler.local.router import Router
 from kf_culler.metrics import ApiServer, Metrics
+from kf_culler.model import KEEP_UNTIL_ANNOTATION
 from kf_culler.runner import Runner
 from kf_culler.service import instrument
 from kf_culler.timeutil import parse_time
@@ -125,10 +128,13 @@ class Stack:
 
 @contextlib.contextmanager
 def stack(kube: Any, api: Any, namespace: str, exe: Path, vsix: Path, tmp_path: Path,
-          policy: dict[str, Any]) -> Iterator[Stack]:
+          policy: dict[str, Any], writes: bool = False) -> Iterator[Stack]:
+    """writes: the culler writes (keep-until on a request to extend), under the shipped bound on its writes
+    in `namespace` (kustomize/base/writes-policy.yaml), as tests/test_extend.py sets it up."""
     core = client.CoreV1Api(api)
     ensure(lambda: core.create_namespace({"metadata": {"name": CULLER_NS}}))
-    apply(api, rbac_objects(CULLER_NS, cluster_wide=True))
+    objs = rbac_objects(CULLER_NS, cluster_wide=True, writes_in=[namespace] if writes else None)
+    apply(api, objs)
     culler_api = kube.api_client(kube.service_account_kubeconfig(CULLER_NS, "kf-culler"))
     ensure(lambda: core.create_namespaced_service_account(namespace, {"metadata": {"name": EDITOR}}))
     obj.create_notebook(api, namespace, obj.notebook(NAME, server_type="group-one"))
@@ -137,9 +143,12 @@ def stack(kube: Any, api: Any, namespace: str, exe: Path, vsix: Path, tmp_path: 
     token_file.write_text(pod_token(api, pod))
 
     store = VerdictStore()
-    http = ApiServer("127.0.0.1:0", VerdictApi(store, TokenReviewer(culler_api)))
+    extender = Extender(store, Writer(culler_api)) if writes else None
+    http = ApiServer("127.0.0.1:0", VerdictApi(store, TokenReviewer(culler_api), extender))
     http.start()
-    with Router() as router:
+    with contextlib.ExitStack() as bound, Router() as router:
+        if writes:
+            bound.enter_context(bounded_writes(api, objs))
         # Keep working goes to code-server through the router (as a request through the pod's Service
         # would), so that the test can count it.
         env = {"KF_CULLER_VERDICT_URL": f"http://127.0.0.1:{http.port}", "KF_CULLER_TOKEN_FILE": str(token_file),
@@ -154,7 +163,7 @@ def stack(kube: Any, api: Any, namespace: str, exe: Path, vsix: Path, tmp_path: 
             router.add("keep", namespace, NAME, code.url, strip=True)
             culler = load_mapping({**policy, "urls": {"codeServer": router.template("cs")},
                                    "namespaces": {"include": [namespace]}}, "test")
-            runner = Runner(culler, culler_api, dry_run=True, records_namespace=CULLER_NS)
+            runner = Runner(culler, culler_api, dry_run=not writes, records_namespace=CULLER_NS)
             instrument(runner, Metrics(), None, store)
             try:
                 with runner:
@@ -254,4 +263,52 @@ def test_warning_in_code_server_in_chromium_and_keep_working(
         assert (v["action"], v["state"]) == ("keep", "connected"), v
         time.sleep(3)
         assert not browser.evaluate(FIND_TOAST) and not browser.evaluate(STATUS)
+        assert not browser.handler_errors
+
+
+MARK_MORE = """(() => { for (const t of document.querySelectorAll('.notification-toast')) {
+  if (!t.textContent.includes('will be stopped soon')) continue;
+  for (const b of t.querySelectorAll('.monaco-button')) {
+    if (b.textContent.trim().startsWith('Keep for ')) { b.id = 'kf-culler-test-more'; return b.textContent.trim(); } } }
+  return ''; })()"""
+FIND_KEPT = """(() => { for (const t of document.querySelectorAll('.notification-toast')) {
+  if (t.textContent.includes('Kept until')) return t.textContent; } return ''; })()"""
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_keep_for_more_hours_in_code_server_in_chromium(
+        kube: Any, api: Any, namespace: str, code_server_exe: Path, vsix: Path, tmp_path: Path) -> None:
+    """The policy allows two hours more (maxExtendMinutes 120): the notification offers "Keep for 2 more
+    hours"; a click asks the culler, which writes keep-until on the Notebook (the planned stop plus two
+    hours, extendUntil), and the notification says until when."""
+    from support.cdp import Chromium
+    from support.cdp import Unavailable as NoChromium
+    from support.cdp import executable as chromium
+
+    try:
+        chromium()
+    except NoChromium as err:
+        missing("Chromium (hack/setup.sh installs Debian's chromium)", err)
+    policy = {"idleMinutes": 70, "warnMinutes": 15, "maxExtendMinutes": 120}
+    with stack(kube, api, namespace, code_server_exe, vsix, tmp_path, policy, writes=True) as s, \
+            Chromium() as browser:
+        s.pass_()
+        v = s.culler_verdict()["verdict"]
+        assert (v["action"], v["state"]) == ("warn", "idle"), v
+        stop_at, latest = parse_time(v["stopAt"]), parse_time(v["extendUntil"])
+        assert stop_at is not None and latest == stop_at + timedelta(minutes=120), v
+
+        browser.navigate(s.code.url)
+        browser.wait_for("!!document.querySelector('.monaco-workbench .part.statusbar')", 180, "the workbench")
+        browser.wait_for(FIND_TOAST, 120, TOAST)
+        toast(browser)
+        label = browser.wait_for(MARK_MORE, 20, "the Keep for ... button")
+        assert label == "Keep for 2 more hours", label
+        browser.click("#kf-culler-test-more")
+        kept = str(browser.wait_for(FIND_KEPT, 30, "the culler's answer"))
+        written = obj.get_notebook(api, s.namespace, NAME)["metadata"]["annotations"]
+        until = parse_time(written[KEEP_UNTIL_ANNOTATION])
+        assert until == latest, (written, v)
+        assert f"Kept until {until.strftime('%H:%M UTC')}" in kept, kept
         assert not browser.handler_errors

@@ -39,6 +39,7 @@ export interface Verdict {
   stopAt?: string | null;
   warnAt?: string | null;
   passTime?: string | null;
+  extendUntil?: string | null;
   now: string;
   pollSeconds: number;
 }
@@ -75,10 +76,11 @@ interface Answer {
   body: string;
 }
 
-function get(url: string, headers: Record<string, string>, timeoutMs: number): Promise<Answer> {
+function get(url: string, headers: Record<string, string>, timeoutMs: number, body?: string): Promise<Answer> {
   return new Promise((resolve, reject) => {
     const lib = url.startsWith('https:') ? https : http;
-    const req = lib.get(url, { headers: { Connection: 'close', ...headers }, timeout: timeoutMs }, res => {
+    const method = body === undefined ? 'GET' : 'POST';
+    const req = lib.request(url, { method, headers: { Connection: 'close', ...headers }, timeout: timeoutMs }, res => {
       let body = '';
       res.setEncoding('utf8');
       res.on('data', (chunk: string) => {
@@ -92,6 +94,7 @@ function get(url: string, headers: Record<string, string>, timeoutMs: number): P
     });
     req.on('timeout', () => req.destroy(new Error('timed out')));
     req.on('error', reject);
+    req.end(body);
   });
 }
 
@@ -148,6 +151,7 @@ export async function askCuller(env: Env = process.env): Promise<Verdict> {
     stopAt: text(v.stopAt),
     warnAt: text(v.warnAt),
     passTime: text(doc.passTime),
+    extendUntil: text(v.extendUntil),
     ...base
   };
 }
@@ -186,4 +190,64 @@ export function countdown(ms: number): string {
 export function hhmmUtc(t: Date): string {
   const pad = (n: number) => (n < 10 ? '0' : '') + n;
   return `${pad(t.getUTCHours())}:${pad(t.getUTCMinutes())} UTC`;
+}
+
+/**
+ * What "Keep for ..." asks for, as the JupyterLab banner computes it: the whole hours (or, under an hour,
+ * the minutes) the stop can still be moved by, from the planned stop to `extendUntil`; null when it
+ * cannot be moved.
+ */
+export function extension(v: Verdict): { minutes: number; label: string } | null {
+  if (!v.stopAt || !v.extendUntil) {
+    return null;
+  }
+  const room = Math.floor((Date.parse(v.extendUntil) - Date.parse(v.stopAt)) / 60000);
+  if (!(room >= 1)) {
+    return null;
+  }
+  if (room >= 60) {
+    const hours = Math.floor(room / 60);
+    return { minutes: hours * 60, label: `Keep for ${hours} more hour${hours === 1 ? '' : 's'}` };
+  }
+  return { minutes: room, label: `Keep for ${room} more minute${room === 1 ? '' : 's'}` };
+}
+
+/**
+ * Asks the culler for more time (docs/verdict-api.md, "Asking for more time"): POST .../extend with
+ * {"minutes": N} and the same token as the verdict. ok with the granted keepUntil, or the culler's
+ * reason for not granting it.
+ */
+export async function askExtend(minutes: number, env: Env = process.env):
+    Promise<{ ok: boolean; keepUntil?: string; message: string }> {
+  const url = (env.KF_CULLER_VERDICT_URL || '').trim().replace(/\/+$/, '');
+  const who = identity(env);
+  if (!url || !who) {
+    return { ok: false, message: 'the culler is not configured' };
+  }
+  let token: string;
+  try {
+    token = fs.readFileSync(env.KF_CULLER_TOKEN_FILE || TOKEN_FILE, 'utf8').trim();
+  } catch (err) {
+    return { ok: false, message: `no ServiceAccount token: ${(err as NodeJS.ErrnoException).code || err}` };
+  }
+  const timeout = numberEnv(env, 'KF_CULLER_TIMEOUT_SECONDS', 3, 0.1, 30) * 1000;
+  let answer: Answer;
+  try {
+    answer = await get(`${url}/api/v1/namespaces/${who[0]}/${who[2]}/${who[1]}/extend`,
+      { Authorization: `Bearer ${token}`, Accept: 'application/json', 'Content-Type': 'application/json' },
+      timeout, JSON.stringify({ minutes }));
+  } catch (err) {
+    return { ok: false, message: `the culler cannot be reached: ${(err as Error).message}` };
+  }
+  let doc: { keepUntil?: unknown; message?: unknown } = {};
+  try {
+    doc = JSON.parse(answer.body);
+  } catch (err) {
+    // not JSON: the status says it
+  }
+  const message = typeof doc.message === 'string' ? doc.message.slice(0, MAX_REASON) : `the culler answered ${answer.status}`;
+  if (answer.status === 200 && typeof doc.keepUntil === 'string') {
+    return { ok: true, keepUntil: doc.keepUntil, message };
+  }
+  return { ok: false, message };
 }

@@ -10,7 +10,7 @@
  * for this warning (this stop time); the status bar item stays until the warning is over.
  */
 import * as vscode from 'vscode';
-import { askCuller, countdown, hhmmUtc, keep, Verdict, warns } from './culler';
+import { askCuller, askExtend, countdown, extension, hhmmUtc, keep, Verdict, warns } from './culler';
 
 const KEEP = 'Keep working';
 
@@ -90,9 +90,26 @@ class Warning implements vscode.Disposable {
     }
     const message = `This notebook server will be stopped soon. ${v.reason || ''} ` +
       `Stops at ${hhmmUtc(new Date(Date.parse(v.stopAt)))}.`;
-    const choice = await vscode.window.showWarningMessage(message, KEEP);
+    const more = extension(v);
+    const choice = await vscode.window.showWarningMessage(message, ...(more ? [KEEP, more.label] : [KEEP]));
     if (choice === KEEP) {
       await this.keepWorking();
+    } else if (more && choice === more.label) {
+      await this.extend(more.minutes);
+    }
+  }
+
+  /** "Keep for N more hours": the culler writes keep-until itself; the answer is shown. */
+  async extend(minutes: number): Promise<void> {
+    const answer = await askExtend(minutes);
+    this.log.appendLine(`Keep for ${minutes} more minutes: ${answer.ok ? answer.keepUntil : 'refused'}: ${answer.message}`);
+    if (answer.ok && answer.keepUntil) {
+      this.keptAt = Date.now(); // hidden until a later pass still warns
+      this.hide();
+      void vscode.window.showInformationMessage(
+        `Kept until ${hhmmUtc(new Date(Date.parse(answer.keepUntil)))}: ${answer.message}`);
+    } else {
+      void vscode.window.showWarningMessage(`More time was not granted: ${answer.message}`);
     }
   }
 
