@@ -60,22 +60,18 @@ class Target(ABC):
     @abstractmethod
     def is_stopped(self, obj: Mapping[str, Any]) -> bool:
         """Whether the session is stopped, by this target's meaning."""
-        raise NotImplementedError
 
     @abstractmethod
     def stop_body(self, obj: Mapping[str, Any], annotations: Mapping[str, str | None]) -> dict[str, Any]:
         """The merge patch that writes a plan's annotations (a stop included) on the session."""
-        raise NotImplementedError
 
     @abstractmethod
     def start_command(self, namespace: str, name: str) -> str:
         """The command its user runs to start it again."""
-        raise NotImplementedError
 
     @abstractmethod
     def keep_command(self, namespace: str, name: str, until: str) -> str | None:
         """The command its user runs to keep it until `until` (None: none exists)."""
-        raise NotImplementedError
 
     def tampered(self, obj: Mapping[str, Any]) -> str | None:
         """Why its controller cannot act on it, or None."""
