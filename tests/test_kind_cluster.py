@@ -86,7 +86,7 @@ def pod_uid(kind: Kind) -> str:
 
 def test_a_stopped_session_keeps_its_home_loses_its_tmp_and_leaves_its_service(kind: Kind) -> None:
     kind.kubectl("apply", "-f", "-", stdin=manifests(kind.backend.tools_image))
-    kind.kubectl("wait", "-n", NS, "--for=condition=Ready", "pod/session-0", "--timeout=180s")
+    kind.wait_condition("pod/session-0", "Ready", namespace=NS)
     first = pod_uid(kind)
     ip = kind.kubectl("get", "pod", "-n", NS, "session-0", "-o", "jsonpath={.status.podIP}")
     assert wait_for("the Service to route to the pod", lambda: ready_endpoints(kind) == [ip])
@@ -99,7 +99,7 @@ def test_a_stopped_session_keeps_its_home_loses_its_tmp_and_leaves_its_service(k
 
     kind.kubectl("scale", "-n", NS, "statefulset/session", "--replicas=1")
     wait_for("a new pod", lambda: pod_uid(kind) not in ("", first))
-    kind.kubectl("wait", "-n", NS, "--for=condition=Ready", "pod/session-0", "--timeout=180s")
+    kind.wait_condition("pod/session-0", "Ready", namespace=NS)
     home = kind.kubectl("exec", "-n", NS, "session-0", "--", "cat", "/home/session/notes")
     tmp = kind.kubectl("exec", "-n", NS, "session-0", "--", "ls", "-A", "/tmp")
     assert home.strip() == "kept"

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,26 @@ class Kind:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout
 
+    def wait_condition(self, resource: str, condition: str, *, namespace: str | None = None,
+                       timeout: float = 180) -> None:
+        """Wait until `resource` (e.g. `pod/session-0`) has `condition` True. Not `kubectl wait`: an object just
+        applied may not exist yet, or have no status.conditions yet, and kubectl wait then fails at once
+        ("accessor error: <nil> is of the type <nil>") instead of waiting."""
+        where = ["-n", namespace] if namespace else []
+        path = f'jsonpath={{.status.conditions[?(@.type=="{condition}")].status}}'
+        deadline = time.monotonic() + timeout
+        seen = ""
+        while True:
+            done = subprocess.run([str(self.backend.kubectl_bin), f"--kubeconfig={self.kubeconfig}", "get",
+                                   resource, *where, "--ignore-not-found", "-o", path],
+                                  capture_output=True, text=True, timeout=60)
+            seen = done.stdout.strip() or done.stderr.strip() or "not found"
+            if done.returncode == 0 and seen == "True":
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{resource} not {condition} after {timeout:.0f} s (last read: {seen})")
+            time.sleep(1)
+
     def load_image(self, image: str) -> None:
         """Put an image of the build's Docker daemon onto the cluster's node (nothing is pulled)."""
         self.backend.load_image(self.name, image, self.workdir)
@@ -127,7 +148,7 @@ def open_kind(backend: KindBackend) -> Iterator[Kind]:
     try:
         cluster.create()
         kind = Kind(backend, workdir / "kubeconfig", workdir)
-        kind.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=300s")
+        kind.wait_condition(f"node/{kind.node()}", "Ready", timeout=300)
         kind.load_image(backend.tools_image)
         yield kind
     finally:

@@ -193,7 +193,7 @@ def notebook_controller(kind: Kind, workdir: Path, image: str) -> Iterator[None]
     objs = render_notebook_controller(workdir, image)
     kind.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([o for o in objs
                                                                if o["kind"] == "CustomResourceDefinition"]))
-    kind.kubectl("wait", "--for=condition=Established", "crd/notebooks.kubeflow.org", "--timeout=60s")
+    kind.wait_condition("crd/notebooks.kubeflow.org", "Established", timeout=60)
     apply(kind, objs)
     try:
         kind.kubectl("rollout", "status", "-n", NBC_NAMESPACE, f"deployment/{NBC_DEPLOYMENT}", "--timeout=300s")
