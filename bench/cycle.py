@@ -360,7 +360,7 @@ def run_child(params_path: str) -> int:
         if not seen["trail"] or seen["trail"][-1] != f"{v.action}/{v.state}":
             seen["trail"].append(f"{v.action}/{v.state}")
         seen["passes"] += 1
-        seen["rule"] = str(v.rule)
+        seen["rule"] = str(v.rule_id)
         seen["stopAt"] = round(v.stop_at.timestamp() - spec.t0, 1) if v.stop_at else None
         if r.write is not None:
             if r.write.outcome == "patched":

@@ -49,7 +49,7 @@ class GpuThresholds(_Model):
     memory_mib: float = Field(default=256, alias="memoryMiB", ge=0)
 
 
-class ImageRule(_Model):
+class ImageMatch(_Model):
     pattern: str = Field(min_length=1)
     type: ServerType
 
@@ -76,7 +76,7 @@ class Policy(_Model):
     broken_minutes: float | None = Field(default=None, alias="brokenMinutes", ge=0, le=TEN_YEARS_MIN)
     broken_action: Literal["report", "stop"] = Field(default="report", alias="brokenAction")
     gpu_resources: tuple[str, ...] = Field(default=("nvidia.com/gpu",), alias="gpuResources", strict=False)
-    server_type_by_image: tuple[ImageRule, ...] = Field(default=(), alias="serverTypeByImage", strict=False)
+    server_type_by_image: tuple[ImageMatch, ...] = Field(default=(), alias="serverTypeByImage", strict=False)
     gpu_without_metrics: GpuWithoutMetrics = Field(default="keep", alias="gpuWithoutMetrics")
     # Rule 16: a GPU notebook whose IDE gives no signal is no longer protected once its readable GPU metrics
     # showed no work this long. Not given: twice idleMinutes (`no_signal_gpu_idle_limit`); null: off.
@@ -589,7 +589,7 @@ class _RuleHead(_Model):
     match: RuleMatch = Field(default_factory=RuleMatch)
 
 
-class PolicyRule:
+class ScopedPolicy:
     """One entry of `rules`: a name, what it matches, and the policy it gives (top level + its keys)."""
 
     def __init__(self, name: str, match: RuleMatch, policy: Policy) -> None:
@@ -609,7 +609,7 @@ class Settings:
     (kf_culler/policy.py picks one per notebook), and operations."""
 
     def __init__(self, policy: Policy, operations: Operations, overrides: dict[str, Policy],
-                 rules: tuple[PolicyRule, ...] = ()) -> None:
+                 rules: tuple[ScopedPolicy, ...] = ()) -> None:
         self.policy = policy
         self.operations = operations
         self.overrides = overrides
@@ -757,13 +757,13 @@ def load_mapping(data: object, source: Source) -> Settings:
     return Settings(policy, operations, overrides, _load_rules(data.get(_RULES_KEY), base_raw, source))
 
 
-def _load_rules(raw: object, base_raw: dict[str, Any], source: Source) -> tuple[PolicyRule, ...]:
+def _load_rules(raw: object, base_raw: dict[str, Any], source: Source) -> tuple[ScopedPolicy, ...]:
     """`rules`: an ordered list of {name, match, policy}; a rule's policy is the top level plus its keys."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
         raise ConfigError(f"{_at(source, _RULES_KEY)}: key '{_RULES_KEY}' must be a list of {{name, match, policy}}")
-    rules: list[PolicyRule] = []
+    rules: list[ScopedPolicy] = []
     for i, entry in enumerate(raw):
         where = f"{_RULES_KEY}[{i}]"
         if not isinstance(entry, dict):
@@ -790,7 +790,7 @@ def _load_rules(raw: object, base_raw: dict[str, Any], source: Source) -> tuple[
             policy = Policy.model_validate({**base_raw, **keys})
         except ValidationError as err:
             raise ConfigError(_describe(err, source, prefix=f"{where}.policy.")) from None
-        rules.append(PolicyRule(head.name, head.match, policy))
+        rules.append(ScopedPolicy(head.name, head.match, policy))
     return tuple(rules)
 
 

@@ -26,10 +26,10 @@ from kf_culler.kube.prober import ProxyAuth
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer, WriteResult
 from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, WARNED_AT_ANNOTATION, InputError, Verdict
-from kf_culler.notebook import NotebookView, node_gpu_model
 from kf_culler.plan import Plan, plan
 from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
+from kf_culler.session import SessionView, node_gpu_model
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
 from kf_culler.targets import KINDS, SessionKey, fairness_key, session_key, target_of, uid_of
@@ -338,7 +338,7 @@ class Cycle:
         except InputError as err:
             log.warning("skipping %s/%s: %s", *key, err)
             return None
-        verdict = dataclasses.replace(verdict, policy_rule=sel.rule)
+        verdict = dataclasses.replace(verdict, policy_rule=sel.policy_rule)
         return Judged(nb, sel, verdict, observations, gathered.calls.get(key, []))
 
     def _brake(self, judged: list[Judged], now: datetime) -> Outcome | None:
@@ -496,7 +496,7 @@ class Cycle:
         return {key: change if row[0] in done else _NOT_STORED for key, (change, row) in wanted.items()}
 
     @staticmethod
-    def _restore(nb: dict[str, Any], view: NotebookView) -> tuple[str, str, str, CullerRecord | None]:
+    def _restore(nb: dict[str, Any], view: SessionView) -> tuple[str, str, str, CullerRecord | None]:
         """The record as the pass read it, to store back over one recorded before a patch that did not land."""
         return str((nb.get("metadata") or {}).get("uid")), str(view.namespace), str(view.name), view.record
 
@@ -520,7 +520,7 @@ class Cycle:
             return None
         return self.service_problem(nb)
 
-    def _session_url(self, nb: dict[str, Any], view: NotebookView) -> tuple[str | None, str | None]:
+    def _session_url(self, nb: dict[str, Any], view: SessionView) -> tuple[str | None, str | None]:
         """(the IDE's base URL, None) of a session whose target gives its endpoint (a Workspace), or (None, why
         it is not probed). Built only from the admin's `urls.workspace` template and names the API server keeps
         (the Service the Workspace controls, the WorkspaceKind's port): never from what the user writes."""
@@ -537,7 +537,7 @@ class Cycle:
         return template.format(service=service, namespace=ns, name=name, port=port, path=path,
                                clusterDomain=self.settings.operations.cluster_domain), None
 
-    def _workload_url(self, nb: dict[str, Any], view: NotebookView,
+    def _workload_url(self, nb: dict[str, Any], view: SessionView,
                       source: str | None) -> tuple[str | None, str | None]:
         """(the IDE's base URL, None) of a plain workload, from `urls.workload` and its namespace and name, or
         (None, why it is not probed): through the Service `<name>` only when it selects the workload's pods."""
@@ -577,12 +577,12 @@ class Cycle:
         return (self.writer is not None and not self.settings.operations.dry_run and self.may_write()
                 and (self.owns is None or self.owns(ns)))
 
-    def _stores(self, view: NotebookView, change: RecordChange | None) -> bool:
+    def _stores(self, view: SessionView, change: RecordChange | None) -> bool:
         """Whether `_store_record` stores this change before its patch (rather than deferring or skipping it)."""
         return (change is not None and change.before_patch and self.records is not None
                 and self._may_store(str(view.namespace)))
 
-    def _store_record(self, nb: dict[str, Any], view: NotebookView, change: RecordChange | None) -> bool:
+    def _store_record(self, nb: dict[str, Any], view: SessionView, change: RecordChange | None) -> bool:
         """Keep a record change (rule 15): a stop's or a restart's now, before the patch it records (False: it
         could not be stored, and the patch must wait); others with the pass's deferred writes."""
         uid = (nb.get("metadata") or {}).get("uid")
@@ -617,8 +617,8 @@ class Cycle:
         view, policy = sel.view, sel.policy
         (ns, name), pod = sel.key, view.pod
         stype = view.server_type
-        with self.tracer.start_as_current_span("kf_culler.notebook") as span:
-            span.set_attributes({"k8s.namespace.name": ns, "kf_culler.notebook": name,
+        with self.tracer.start_as_current_span("kf_culler.session") as span:
+            span.set_attributes({"k8s.namespace.name": ns, "kf_culler.session": name,
                                  "kf_culler.server_type": stype})
             source = SERVER_SOURCES.get(stype, stype)
             for call in calls:
@@ -627,7 +627,7 @@ class Cycle:
                 else None
             span.set_attributes({
                 "kf_culler.action": verdict.action, "kf_culler.state": verdict.state,
-                "kf_culler.rule": verdict.rule, "kf_culler.reason": verdict.reason,
+                "kf_culler.rule": verdict.rule_id, "kf_culler.reason": verdict.reason,
                 "kf_culler.idle_seconds": verdict.idle_seconds or 0.0, "kf_culler.gpus": view.gpus})
             result = NotebookResult(ns, name, stype, view.gpus, verdict, observations, calls, trace_id=trace_id,
                                     record=view.record, policy=policy, pod_uid=uid_of(pod) if pod else None)
@@ -640,7 +640,7 @@ class Cycle:
                 with self.tracer.start_as_current_span("kf_culler.apply") as aspan:
                     def replan(fresh: dict[str, Any]) -> Plan:
                         fresh_view = dataclasses.replace(
-                            NotebookView.of(fresh, pod, policy, record=view.record, access_problem=view.access_problem),
+                            SessionView.of(fresh, pod, policy, record=view.record, access_problem=view.access_problem),
                             gpu_models=view.gpu_models, stop_deadline_seconds=view.stop_deadline_seconds)
                         return plan(fresh_view, j.restrain(decide_view(fresh_view, observations, policy, now)), now,
                                     step, trace_id)

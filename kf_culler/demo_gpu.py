@@ -76,7 +76,7 @@ def _story(cluster: LocalCluster, say: _Say, idle_minutes: float) -> int:
         stop = s.cull_a()
         verdict = stop.result.verdict
         passes = f"{stop.cycles} pass" + ("es" if stop.cycles != 1 else "")
-        say(f"4. After {passes} the culler decides to stop a (rule {verdict.rule}):")
+        say(f"4. After {passes} the culler decides to stop a (rule {verdict.rule_id}):")
         say("\n".join("   " + line for line in table(stop.cycle).splitlines()))
         gpu = verdict.evidence.get("gpu") or {}
         latest = gpu.get("latest") or {}

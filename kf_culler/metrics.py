@@ -36,7 +36,7 @@ STATES: tuple[str, ...] = get_args(State)
 
 def not_taken_keys(result: CycleResult) -> frozenset[tuple[str, str]]:
     """The sessions of a pass whose stop did not take (rule 1), by session key: their GPU is not reclaimed."""
-    return frozenset((r.namespace, r.name) for r in result.results if r.verdict.rule == "1-stop-not-taken")
+    return frozenset((r.namespace, r.name) for r in result.results if r.verdict.rule_id == "1-stop-not-taken")
 
 
 class Metrics:
@@ -114,7 +114,7 @@ class Metrics:
             return
         self.api_writes.labels("patch").inc(w.attempts)
         if r.verdict.action == "stop":
-            self.stops.labels(r.verdict.rule).inc()
+            self.stops.labels(r.verdict.rule_id).inc()
         if w.event is not None and w.event != "queued":  # sent with the patch
             self.observe_event(r)
 
@@ -125,7 +125,7 @@ class Metrics:
             return
         self.api_writes.labels("event").inc()
         if r.verdict.action == "warn":
-            self.warnings.labels(r.verdict.rule).inc()
+            self.warnings.labels(r.verdict.rule_id).inc()
 
     def observe_cycle(self, result: CycleResult) -> None:
         self.cycle_seconds.observe(result.seconds)

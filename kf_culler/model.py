@@ -51,7 +51,7 @@ class Verdict:
     action: Action
     state: State
     reason: str
-    rule: RuleId
+    rule_id: RuleId
     server_type: str | None = None
     gpu_notebook: bool = False
     idle_since: datetime | None = None
@@ -74,7 +74,7 @@ class Verdict:
             "action": self.action,
             "state": self.state,
             "reason": self.reason,
-            "rule": self.rule,
+            "rule": self.rule_id,
             "policyRule": self.policy_rule,
             "serverType": self.server_type,
             "gpuNotebook": self.gpu_notebook,

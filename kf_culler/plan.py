@@ -22,9 +22,9 @@ from kf_culler.model import (
     WARNED_AT_ANNOTATION,
     Verdict,
 )
-from kf_culler.notebook import NotebookView, annotations_of
 from kf_culler.record import RecordChange, next_record, warned_this_period
 from kf_culler.rules.untaken import Reclaim, next_step
+from kf_culler.session import SessionView, annotations_of
 from kf_culler.timeutil import format_time, parse_time
 
 EVENT_STOP = "IdleNotebookStopped"
@@ -57,41 +57,41 @@ class Plan:
         return not self.annotations and self.event is None and self.reclaim is None
 
 
-def plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
+def plan(notebook: SessionView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
          trace_id: str | None = None) -> Plan:
-    """The writes for a verdict on a notebook (its NotebookView, or the Notebook object itself: then no
+    """The writes for a verdict on a notebook (its SessionView, or the Notebook object itself: then no
     record change, the object carries none)."""
-    if verdict.rule == "1-stop-not-taken" and isinstance(notebook, NotebookView):
+    if verdict.rule_id == "1-stop-not-taken" and isinstance(notebook, SessionView):
         return _not_taken_plan(notebook, verdict, now)
     out = _notebook_plan(notebook, verdict, now, step_minutes, trace_id)
-    if not isinstance(notebook, NotebookView):
+    if not isinstance(notebook, SessionView):
         return out
     warned = out.event is not None and out.event.reason == EVENT_WARN
-    return replace(out, record=next_record(notebook.record, verdict.action, verdict.rule, notebook.pod_start,
+    return replace(out, record=next_record(notebook.record, verdict.action, verdict.rule_id, notebook.pod_start,
                                            now, warned))
 
 
-def _not_taken_plan(view: NotebookView, verdict: Verdict, now: datetime) -> Plan:
+def _not_taken_plan(view: SessionView, verdict: Verdict, now: datetime) -> Plan:
     """A stop that did not take (rule 1): no mark on the session (its stop stands); a Warning Event once per stop
     (the culler's record remembers it), and the target's safe next step, if any, every pass until the pod is gone
     (it is idempotent)."""
     told = view.record is not None and view.record.not_taken_told()
     event = None if told else EventSpec("Warning", EVENT_NOT_TAKEN, verdict.reason)
-    change = None if told else next_record(view.record, verdict.action, verdict.rule, view.pod_start, now,
+    change = None if told else next_record(view.record, verdict.action, verdict.rule_id, view.pod_start, now,
                                            not_taken=True)
     return Plan({}, event, change, next_step(view))
 
 
-def _notebook_plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
+def _notebook_plan(notebook: SessionView | dict[str, Any], verdict: Verdict, now: datetime, step_minutes: float,
                    trace_id: str | None) -> Plan:
-    original = notebook.annotations if isinstance(notebook, NotebookView) else annotations_of(notebook)
-    if notebook.stopped if isinstance(notebook, NotebookView) else STOP_ANNOTATION in original:
+    original = notebook.annotations if isinstance(notebook, SessionView) else annotations_of(notebook)
+    if notebook.stopped if isinstance(notebook, SessionView) else STOP_ANNOTATION in original:
         return Plan({})  # stopped stays stopped: never rewrite or remove a stop, ours or another's
     out: dict[str, str | None] = {}
     trace = f" (trace {trace_id})" if trace_id else ""
     event: EventSpec | None = None
     ann = original
-    if verdict.rule == "3-restarted":
+    if verdict.rule_id == "3-restarted":
         # The culler's record says it stopped the notebook and the stop annotation is gone: the user started
         # it again. Clear our stale marks (they are for people) and tell them.
         out.update({k: None for k in OWN_ANNOTATIONS if k in original})
@@ -121,7 +121,7 @@ def _notebook_plan(notebook: NotebookView | dict[str, Any], verdict: Verdict, no
         return Plan(_minimal(out, original), EventSpec("Warning", EVENT_STOP, verdict.reason + trace))
 
     if verdict.action == "warn":
-        record = notebook.record if isinstance(notebook, NotebookView) else None
+        record = notebook.record if isinstance(notebook, SessionView) else None
         if WARNED_AT_ANNOTATION not in ann and not warned_this_period(record, verdict.idle_since):
             describe()
             out[WARNED_AT_ANNOTATION] = format_time(now)

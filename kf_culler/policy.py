@@ -17,8 +17,8 @@ from typing import Any
 
 from kf_culler.config import DEFAULT_RULE, OVERRIDE_RULE_PREFIX, LabelSelector, Policy, RuleMatch, Settings
 from kf_culler.model import InputError
-from kf_culler.notebook import NotebookView, gpu_count, metadata_of, server_type, string_labels
 from kf_culler.record import CullerRecord
+from kf_culler.session import SessionView, gpu_count, metadata_of, server_type, string_labels
 from kf_culler.targets import SessionKey, controlled_by_kind, is_workload
 
 
@@ -40,7 +40,7 @@ def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool
     return True
 
 
-def rule_matches(match: RuleMatch, view: NotebookView, namespace_labels: Mapping[str, str] | None) -> bool:
+def rule_matches(match: RuleMatch, view: SessionView, namespace_labels: Mapping[str, str] | None) -> bool:
     """Every condition given holds. Unknown namespace labels (None) match no namespaceSelector at all,
     not even one made only of NotIn or DoesNotExist."""
     if match.namespace_selector is not None and (
@@ -58,7 +58,7 @@ def rule_matches(match: RuleMatch, view: NotebookView, namespace_labels: Mapping
         fnmatch.fnmatchcase(model, pattern) for model in view.gpu_models for pattern in match.gpu_models)
 
 
-def select(view: NotebookView, namespace_labels: Mapping[str, str] | None, settings: Settings) -> tuple[Policy, str]:
+def select(view: SessionView, namespace_labels: Mapping[str, str] | None, settings: Settings) -> tuple[Policy, str]:
     """The policy for one notebook and the name of what chose it: `namespaceOverrides.<namespace>` (an
     override is a rule matching one namespace by name, and comes first), else the first rule that matches,
     else `default` (the top-level policy). `view` is read with the top-level policy (gpuResources,
@@ -80,7 +80,7 @@ def select_for(notebook: dict[str, Any], pod: dict[str, Any] | None, namespace_l
         if isinstance(ns, str) and ns in settings.overrides:
             return settings.overrides[ns], OVERRIDE_RULE_PREFIX + ns
         return settings.policy, DEFAULT_RULE
-    return select(NotebookView.of(notebook, pod, settings.policy, node=node), namespace_labels, settings)
+    return select(SessionView.of(notebook, pod, settings.policy, node=node), namespace_labels, settings)
 
 
 def policy_of(notebook: dict[str, Any], pod: dict[str, Any] | None, settings: Settings,
@@ -101,9 +101,9 @@ def policy_of(notebook: dict[str, Any], pod: dict[str, Any] | None, settings: Se
 class Selected:
     """One notebook as a pass sees it: its view, the policy chosen for it, and what chose that policy."""
 
-    view: NotebookView
+    view: SessionView
     policy: Policy
-    rule: str
+    policy_rule: str
 
     @property
     def key(self) -> SessionKey:
@@ -121,7 +121,7 @@ def selection(notebook: dict[str, Any], pod: dict[str, Any] | None, settings: Se
     """The notebook read once, its policy chosen from that reading, and the view completed for the chosen
     policy (its GPU count and server type, when the policy counts GPUs or images differently from the top
     level). InputError when the objects are not a notebook and a pod at all."""
-    view = NotebookView.of(notebook, pod, settings.policy, node=node, record=record, access_problem=access_problem)
+    view = SessionView.of(notebook, pod, settings.policy, node=node, record=record, access_problem=access_problem)
     policy, rule = select(view, namespace_labels, settings)
     if not _reads_alike(policy, settings.policy):
         view = dataclasses.replace(view, server_type=server_type(notebook, policy, pod),

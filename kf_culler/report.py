@@ -68,7 +68,7 @@ def not_taken(result: CycleResult) -> list[str]:
     """One warning per session whose stop did not take (rule 1): its GPU is still held."""
     return [f"the stop of {r.namespace}/{r.name} did not take: its pod still holds {r.gpus} GPU(s) "
             f"(docs/targets.md, \"A stop that does not take\")" for r in result.results
-            if r.verdict.rule == "1-stop-not-taken"]
+            if r.verdict.rule_id == "1-stop-not-taken"]
 
 
 def render(result: CycleResult, fmt: str, warnings: Sequence[str] = ()) -> str:
@@ -86,7 +86,7 @@ def explain(r: NotebookResult, notifications: str | None = None) -> str:
     v = r.verdict
     out = [f"Notebook {clean(r.namespace, NAME)}/{clean(r.name, NAME)}  (server type "
            f"{clean(r.server_type, VALUE)}, {r.gpus} GPU(s))", ""]
-    out.append(f"Verdict: {clean(v.action, VALUE)} / {clean(v.state, VALUE)}   (rule {clean(v.rule, VALUE)})")
+    out.append(f"Verdict: {clean(v.action, VALUE)} / {clean(v.state, VALUE)}   (rule {clean(v.rule_id, VALUE)})")
     out.append(f"Reason:  {clean(v.reason, REASON)}")
     if v.policy_rule is not None:
         out.append(f"Policy: rule {clean(v.policy_rule, NAME)}")

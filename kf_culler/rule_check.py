@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kf_culler.config import Policy, PolicyRule, RuleMatch, Settings
+from kf_culler.config import Policy, RuleMatch, ScopedPolicy, Settings
 
 # A profile user can edit every label, annotation and the spec of their own Notebook.
 OWNER_WRITABLE_MATCH_KEYS = ("notebookSelector", "serverTypes", "gpuResources")
@@ -95,7 +95,7 @@ def loosened_keys(rule: Policy, top: Policy) -> list[str]:
     return [found for check in _CHECKS if (found := check(rule, top)) is not None]
 
 
-def rule_warning(rule: PolicyRule, top: Policy) -> str | None:
+def rule_warning(rule: ScopedPolicy, top: Policy) -> str | None:
     """The warning for one rule, or None when it loosens nothing or matches on an admin-controlled key."""
     given = _given_match_keys(rule.match)
     owner_keys = [k for k in given if k in OWNER_WRITABLE_MATCH_KEYS]

@@ -391,7 +391,7 @@ class Runner:
         namespace's users and the admin see."""
         if self.cache is None:
             return
-        from kf_culler.notebook import gpu_count
+        from kf_culler.session import gpu_count
 
         resources = self.settings.policy.gpu_resources
         self.gpu_orphans = [o for o in self.cache.orphans if gpu_count({}, o.pod, resources) > 0]

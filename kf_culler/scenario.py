@@ -9,9 +9,9 @@ from typing import Any
 from kf_culler.config import ConfigError, load_mapping
 from kf_culler.decide import decide
 from kf_culler.model import InputError, Verdict
-from kf_culler.notebook import NotebookView
 from kf_culler.policy import select
 from kf_culler.record import parse_record
+from kf_culler.session import SessionView
 from kf_culler.timeutil import parse_time
 
 
@@ -42,7 +42,7 @@ def verdict_for_document(doc: object, source: str = "input") -> Verdict:
     observations: Any = doc.get("observations") or {}
     try:
         record = parse_record(doc.get("cullerRecord"))
-        view = NotebookView.of(notebook, doc.get("pod"), settings.policy, node=node)
+        view = SessionView.of(notebook, doc.get("pod"), settings.policy, node=node)
         policy, rule = select(view, labels, settings)
         verdict = decide(notebook, doc.get("pod"), observations, policy, now, node=node, record=record,
                          stop_deadline_seconds=settings.operations.stop_deadline_seconds,

@@ -51,7 +51,7 @@ def _log_result(r: NotebookResult) -> None:
     level = logging.INFO if v.action != "keep" or (r.write and r.write.outcome == "patched") else logging.DEBUG
     log.log(level, "%s/%s: %s (%s)", r.namespace, r.name, v.action, v.state, extra={
         "namespace": r.namespace, "notebook": r.name, "server_type": r.server_type, "action": v.action,
-        "state": v.state, "rule": v.rule, "reason": v.reason, "idle_seconds": v.idle_seconds,
+        "state": v.state, "rule": v.rule_id, "reason": v.reason, "idle_seconds": v.idle_seconds,
         "trace_id": r.trace_id, "write": r.write.outcome if r.write else None,
         "event": r.write.event if r.write else None})
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from kf_culler.config import Policy, Settings
 from kf_culler.model import STOP_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION
-from kf_culler.notebook import annotations_of, as_dict, gpu_count, metadata_of
 from kf_culler.policy import policy_of
+from kf_culler.session import annotations_of, as_dict, gpu_count, metadata_of
 from kf_culler.targets import target_of
 from kf_culler.timeutil import format_time, parse_time
 

@@ -26,10 +26,10 @@ from kf_culler.model import (
     STOPPED_AT_ANNOTATION,
     WARNED_AT_ANNOTATION,
 )
-from kf_culler.notebook import pod_trouble
 from kf_culler.plan import EVENT_STOP, EVENT_WARN
 from kf_culler.runner import Runner
 from kf_culler.service import instrument
+from kf_culler.session import pod_trouble
 from kf_culler.stopped import long_stopped, stopped_since
 from kf_culler.timeutil import format_time
 
@@ -110,7 +110,7 @@ def test_lifetime_cap_warns_then_stops_an_active_notebook(api: Any, namespace: s
                 ann = obj.get_notebook(api, namespace, "nb-busy")["metadata"]["annotations"]
                 assert WARNED_AT_ANNOTATION in ann and STOP_ANNOTATION not in ann
                 assert [e.reason for e in obj.events_for(api, namespace, "nb-busy")] == [EVENT_WARN]
-    assert [(v.action, v.state, v.rule) for v in verdicts] == [
+    assert [(v.action, v.state, v.rule_id) for v in verdicts] == [
         ("keep", "active", "5-positive-evidence"), ("warn", "active", "13-lifetime-cap"),
         ("stop", "active", "13-lifetime-cap")], [v.reason for v in verdicts]
     assert "lifetime cap" in verdicts[1].reason and "2 h" in verdicts[1].reason
@@ -141,7 +141,7 @@ def test_gpu_pod_running_but_not_ready_is_broken_reported_then_stopped(api: Any,
         wait_cache(runner, namespace, "nb-gpu", lambda nb, pod: pod is not None and any(
             c.get("status") == "False" for c in pod["status"].get("conditions", [])))
         reported = runner.once().results[0].verdict
-    assert (reported.action, reported.state, reported.rule) == ("warn", "broken", "14-broken"), reported.reason
+    assert (reported.action, reported.state, reported.rule_id) == ("warn", "broken", "14-broken"), reported.reason
     assert "not Ready" in reported.reason and "1 GPU" in reported.reason
     assert 'kf_culler_notebooks{state="broken"} 1.0' in metrics.render().decode()
     ann = obj.get_notebook(api, namespace, "nb-gpu")["metadata"]["annotations"]
@@ -151,7 +151,7 @@ def test_gpu_pod_running_but_not_ready_is_broken_reported_then_stopped(api: Any,
     runner = Runner(settings_for(router, namespace, brokenMinutes=10, brokenAction="stop"), api)
     with runner:
         stopped = runner.once().results[0].verdict
-    assert (stopped.action, stopped.state, stopped.rule) == ("stop", "broken", "14-broken"), stopped.reason
+    assert (stopped.action, stopped.state, stopped.rule_id) == ("stop", "broken", "14-broken"), stopped.reason
     ann = obj.get_notebook(api, namespace, "nb-gpu")["metadata"]["annotations"]
     assert STOP_ANNOTATION in ann and ann[STATE_ANNOTATION] == "broken"
     # Events carry second-resolution times: two in the same second have no order to check

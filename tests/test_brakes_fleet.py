@@ -271,7 +271,7 @@ def test_a_fleet_wide_gpu_zero_holds_every_stop_until_an_admin_releases(
         verdicts = by_key(after)
         for k in keys:
             r = verdicts[k]
-            assert (r.verdict.action, r.verdict.state, r.verdict.rule) == ("stop", "idle", "10-idle"), r.verdict
+            assert (r.verdict.action, r.verdict.state, r.verdict.rule_id) == ("stop", "idle", "10-idle"), r.verdict
             assert r.write is not None and r.write.outcome == "patched", r.write
         assert stopped_on_server(api, namespaces) == set(keys)
         assert runner.brake_state.held_until is None

@@ -276,7 +276,7 @@ def test_an_idle_gpu_workspace_is_stopped_through_a_stop_build_and_the_waiting_o
             assert time.monotonic() < deadline, a.verdict
             time.sleep(1)
         decided = result.now.timestamp()
-        assert a.verdict.state == "idle" and a.verdict.rule == "10-idle", a.verdict
+        assert a.verdict.state == "idle" and a.verdict.rule_id == "10-idle", a.verdict
         assert a.write is not None and a.write.outcome == "patched" and a.write.event == "created", a.write
         procs.wait_until(lambda: template.running(waiting) is not None, TIMEOUT, 0.1, "the waiting workspace to run")
         ran = time.time()
@@ -332,7 +332,7 @@ def test_a_connected_workspace_with_an_idle_gpu_follows_connected_gpu_idle_minut
                 assert time.monotonic() < deadline, r.verdict
                 time.sleep(1)
         assert time.time() - gpu_idle_from >= 0.3 * 60 - 2  # not before the limit (the last busy sample)
-        assert (r.verdict.state, r.verdict.rule) == ("connected", "9-connected-gpu-idle"), r.verdict
+        assert (r.verdict.state, r.verdict.rule_id) == ("connected", "9-connected-gpu-idle"), r.verdict
         assert r.write is not None and r.write.outcome == "patched", r.write
         assert coder.get(f"/api/v2/workspaces/{ws['id']}")["latest_build"]["transition"] == "stop"
     finally:
@@ -431,7 +431,7 @@ def test_a_member_with_more_workspaces_than_max_leaves_the_rest_unjudged_and_ano
                 break
             assert time.monotonic() < deadline, a.verdict
             time.sleep(1)
-        assert a.verdict.state == "idle" and a.verdict.rule == "10-idle", a.verdict
+        assert a.verdict.state == "idle" and a.verdict.rule_id == "10-idle", a.verdict
         assert a.write is not None and a.write.outcome == "patched", a.write
         assert runner.coder_unjudged == unjudged and runner.coder_problem is None
     assert f"kf_culler_coder_workspaces_unjudged {float(unjudged)}".encode() in metrics.render()
@@ -455,7 +455,7 @@ def test_a_member_with_more_workspaces_than_max_leaves_the_rest_unjudged_and_ano
                 break
             assert time.monotonic() < deadline, due
             time.sleep(1)
-        assert all(v.state == "idle" and v.rule == "10-idle" for v in due), due
+        assert all(v.state == "idle" and v.rule_id == "10-idle" for v in due), due
         assert all(r.write is None or r.write.outcome != "patched" for r in result.results)
     for ws in extra:
         assert coder.get(f"/api/v2/workspaces/{ws['id']}")["latest_build"]["transition"] == "start"

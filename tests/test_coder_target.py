@@ -19,8 +19,8 @@ import pytest
 from kf_culler.config import ConfigError, Policy, load_mapping
 from kf_culler.decide import decide
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION
-from kf_culler.notebook import NotebookView
 from kf_culler.readings import Unreadable, parse_coder
+from kf_culler.session import SessionView
 from kf_culler.sources.coder import CoderClient, CoderError
 from kf_culler.targets import CODER, is_stopped, session_key, target_of
 from kf_culler.targets.coder import (
@@ -94,7 +94,7 @@ def test_stop_builds_are_stopped() -> None:
         s = coder_session(shape(name), NS, datetime.now(UTC))
         assert is_stopped(s), name
         v = decide(s, None, {}, Policy(), datetime.now(UTC))
-        assert (v.action, v.state, v.rule) == ("keep", "stopped", "1-stopped")
+        assert (v.action, v.state, v.rule_id) == ("keep", "stopped", "1-stopped")
     deleted = shape("stopped")
     deleted["latest_build"]["transition"] = "delete"
     assert is_stopped(coder_session(deleted, NS, datetime.now(UTC)))
@@ -107,7 +107,7 @@ def test_a_pending_pod_or_a_starting_build_is_starting() -> None:
     [(s, pod)] = coder_items([ws], NS, [pending], now)
     assert pod is pending
     v = decide(s, pod, {CODER.name: s["status"][CODER.name], "gpu": gpu(now, 0)}, Policy(idleMinutes=1), now)
-    assert (v.action, v.state, v.rule) == ("keep", "starting", "3-starting"), v
+    assert (v.action, v.state, v.rule_id) == ("keep", "starting", "3-starting"), v
     # a build still pending or starting: no pod is the session's yet, even a Running one of an earlier build
     for status in ("pending", "starting"):
         ws["latest_build"]["status"] = status
@@ -140,13 +140,13 @@ def test_the_rules_over_coder_signals() -> None:
     assert (v.action, v.state) == ("keep", "active"), v
     # GPU idle, no connection: idle since the last use (or the pod's start), stopped after idleMinutes
     v = decide_at(ws, start + timedelta(minutes=31), 0, policy, start)
-    assert (v.action, v.state, v.rule) == ("stop", "idle", "10-idle"), v
+    assert (v.action, v.state, v.rule_id) == ("stop", "idle", "10-idle"), v
     assert decide_at(ws, start + timedelta(minutes=20), 0, policy, start).action == "keep"
     # connected, GPU idle: connectedGpuIdleMinutes from the last GPU work, never the connection
     used = shape("after_usage")
     now = t(used["last_used_at"]) + timedelta(seconds=30)
     v = decide_at(used, now, 0, policy, now - timedelta(minutes=11))
-    assert (v.action, v.state, v.rule) == ("stop", "connected", "9-connected-gpu-idle"), v
+    assert (v.action, v.state, v.rule_id) == ("stop", "connected", "9-connected-gpu-idle"), v
     v = decide_at(used, now, 0, policy, now - timedelta(minutes=5))
     assert (v.action, v.state) == ("keep", "connected"), v
     # no GPU source for a GPU workspace: no signal, kept
@@ -185,7 +185,7 @@ def test_only_a_coder_workspace_is_coder() -> None:
     """A Notebook's user can write the server-type annotation: `coder` there would leave it without a probe."""
     nb = {"kind": "Notebook", "metadata": {"namespace": "a", "name": "n", "annotations": {
         SERVER_TYPE_ANNOTATION: CODER.name}}}
-    view = NotebookView.of(nb, None, Policy())
+    view = SessionView.of(nb, None, Policy())
     assert view.server_type == "jupyter" and view.unknown_server_type == CODER.name
 
 

@@ -63,7 +63,7 @@ def test_a_stop_is_recorded_and_a_new_culler_honours_the_restart(api: Any, names
         # A new culler (a restart, a new leader): the old pod still runs and is idle for hours.
         with culler(api, namespace, culler_ns, router) as second:
             again = [second.once().results[0] for _ in range(3)]
-    assert [v.verdict.rule for v in again] == ["3-restarted", "3-starting", "3-starting"], [v.verdict for v in again]
+    assert [v.verdict.rule_id for v in again] == ["3-restarted", "3-starting", "3-starting"], [v.verdict for v in again]
     record = stored(api, culler_ns, uid)
     assert record is not None and record["restartedAt"] >= record["stoppedAt"]
 

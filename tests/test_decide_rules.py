@@ -304,7 +304,7 @@ def test_the_table_names_every_rule_a_verdict_can_carry() -> None:
     so a new rule without a table case fails here."""
     from kf_culler.rules import RULES
 
-    assert {c[4] for c in CASES} == {r.id for r in RULES}
+    assert {c[4] for c in CASES} == {entry.rule_id for entry in RULES}
 
 
 def test_rule_ids_are_the_rule_id_type_and_documented() -> None:
@@ -313,7 +313,7 @@ def test_rule_ids_are_the_rule_id_type_and_documented() -> None:
     from kf_culler.rules import RULES
 
     ids = set(get_args(RuleId))
-    assert {r.id for r in RULES} == ids
+    assert {entry.rule_id for entry in RULES} == ids
     doc = (Path(__file__).parent.parent / "docs" / "decisions.md").read_text(encoding="utf-8")
     assert {i for i in ids if f"`{i}`" not in doc} == set()
 
@@ -322,23 +322,23 @@ def test_rule_ids_are_the_rule_id_type_and_documented() -> None:
 def test_the_rule_that_decides_is_the_table_entry_with_that_id(title: str, changes: dict[str, Any], action: str,
                                                               state: str, rule: str) -> None:
     from kf_culler.config import load_mapping
-    from kf_culler.notebook import NotebookView
     from kf_culler.record import parse_record
     from kf_culler.rules import RULES
     from kf_culler.rules.evidence import read_evidence
+    from kf_culler.session import SessionView
     from kf_culler.timeutil import parse_time
 
     doc = scenario(**changes)
     now = parse_time(doc["now"])
     assert now is not None
     policy = policy_of(doc["notebook"], doc["pod"], load_mapping(doc["config"], "test"))[0]
-    view = NotebookView.of(doc["notebook"], doc["pod"], policy, record=parse_record(doc.get("cullerRecord")),
+    view = SessionView.of(doc["notebook"], doc["pod"], policy, record=parse_record(doc.get("cullerRecord")),
                            access_problem=doc.get("accessProblem"))
     view = dataclasses.replace(view, stop_deadline_seconds=load_mapping(doc["config"], "test").operations
                                .stop_deadline_seconds)
     ev = read_evidence(view, doc["observations"], policy, now)
     entry, verdict = next((r, v) for r in RULES if (v := r.check(ev, policy, now)) is not None)
-    assert verdict.rule == entry.id == rule
+    assert verdict.rule_id == entry.rule_id == rule
 
 
 def test_no_rule_is_longer_than_60_lines() -> None:

@@ -189,7 +189,7 @@ def test_warn_then_stop(api: Any, namespace: str, router: Router, servers: dict[
                            clock=lambda: now[0])
     with runner:
         first = runner.once().results[0].verdict
-        assert (first.action, first.state, first.rule) == ("keep", "idle", "10-idle"), first.reason
+        assert (first.action, first.state, first.rule_id) == ("keep", "idle", "10-idle"), first.reason
         assert first.idle_since is not None  # the Jupyter server's own last activity, seconds ago
         verdicts = [first]
         for minutes in (6, 8, 11):  # inside the warning (5..10 min idle) twice, then past the limit

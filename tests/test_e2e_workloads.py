@@ -181,7 +181,7 @@ def test_a_scaled_up_session_is_seen_restarted_and_gpu_workloads_takes_every_gpu
             procs.wait_until(lambda: env.running("a"), TIMEOUT, 0.2, "session a to run again")
             time.sleep(1)  # the cache sees it
             again = result_for(runner.once().results, "a")
-        assert again.verdict.rule == "3-restarted" and again.verdict.action == "keep", again.verdict
+        assert again.verdict.rule_id == "3-restarted" and again.verdict.action == "keep", again.verdict
         assert env.apps.read_namespaced_deployment("a", env.namespace).spec.replicas == 1
         # gpuWorkloads: every GPU workload is a session, labelled or not; the CPU one is not.
         with env.culler(gpuWorkloads=True) as wide:

@@ -268,7 +268,7 @@ def test_a_resumed_workspace_is_seen_restarted_and_one_paused_by_another_is_left
             first = until_action(runner, "mine", "stop")
             assert first.write is not None and first.write.outcome == "patched", first.write
             other = result_for(runner.once().results, "theirs")
-            assert other.verdict.rule == "1-stopped" and other.write is None  # nothing written
+            assert other.verdict.rule_id == "1-stopped" and other.write is None  # nothing written
             env.pause("mine", False)  # the user resumes it, as the v2 web app's Start does
             env.pause("theirs", False)
             procs.wait_until(lambda: env.workspace("mine").get("status", {}).get("state") == "Running", TIMEOUT,
@@ -281,12 +281,12 @@ def test_a_resumed_workspace_is_seen_restarted_and_one_paused_by_another_is_left
         mine.__exit__(None, None, None)
         theirs.__exit__(None, None, None)
     again = result_for(after, "mine")
-    assert again.verdict.rule == "3-restarted", again.verdict
+    assert again.verdict.rule_id == "3-restarted", again.verdict
     assert again.verdict.action == "keep"
     assert env.workspace("mine")["spec"]["paused"] is False  # not paused again at once
     assert [e.reason for e in env.events("mine")].count(EVENT_RESTART) == 1
     resumed = result_for(after, "theirs")
-    assert resumed.verdict.rule != "3-restarted", resumed.verdict  # the culler never stopped it
+    assert resumed.verdict.rule_id != "3-restarted", resumed.verdict  # the culler never stopped it
     assert not [e for e in env.events("theirs") if e.reason in (EVENT_STOP, EVENT_RESTART)]
 
 
@@ -415,7 +415,7 @@ def test_an_idle_gpu_workspace_is_paused_on_gpu_evidence_from_prometheus(env: En
                     assert r.verdict.action != "stop", r.verdict
                     assert r.verdict.evidence.get("gpu", {}).get("read") is not True, r.verdict.evidence
                     time.sleep(1)
-                assert r.verdict.rule == "6-no-signal", r.verdict
+                assert r.verdict.rule_id == "6-no-signal", r.verdict
                 assert r.verdict.evidence["gpu"] == {"read": False, "error": "no GPU series for pod"}, r.verdict
                 node.assign(name, util=0, used_mib=0)  # the GPU is the Workspace pod's, and idle
                 node.wait_scraped(name)
@@ -431,7 +431,7 @@ def test_an_idle_gpu_workspace_is_paused_on_gpu_evidence_from_prometheus(env: En
     assert gpu["read"] is True and gpu["samples"] >= 2, gpu
     assert gpu["latest"]["utilPercent"] == 0 and gpu["latest"]["memoryUsedMiB"] == 0 and gpu["lastWork"] is None
     assert "an idle GPU" in verdict.reason, verdict.reason
-    assert verdict.rule == "10-idle", verdict.rule
+    assert verdict.rule_id == "10-idle", verdict.rule_id
     assert stopped.write is not None and stopped.write.outcome == "patched", stopped.write
     ws = env.workspace("gpu")
     assert ws["spec"]["paused"] is True
@@ -463,14 +463,14 @@ def test_the_controllers_own_culling_and_the_cullers_never_fight(env: Env) -> No
     try:
         with env.culler(idleMinutes=60) as runner:
             before = result_for(runner.once().results, "own")
-            assert before.verdict.action == "keep" and before.verdict.rule != "1-stopped", before.verdict
+            assert before.verdict.action == "keep" and before.verdict.rule_id != "1-stopped", before.verdict
             procs.wait_until(lambda: env.workspace("own")["spec"].get("paused") is True, 90, 0.5,
                              "the Workspace controller's own culling to pause the workspace")
             activity = env.workspace("own").get("status", {}).get("activity") or {}
             assert activity.get("lastProbe", {}).get("result") == "Success", activity  # it read our server
             time.sleep(1)  # the cache sees the pause
             paused = result_for(runner.once().results, "own")
-            assert paused.verdict.rule == "1-stopped" and paused.write is None, (paused.verdict, paused.write)
+            assert paused.verdict.rule_id == "1-stopped" and paused.write is None, (paused.verdict, paused.write)
             record = env.record("own")
             assert record is None or "stoppedAt" not in record  # not the culler's stop
             env.pause("own", False)  # its user starts it again
@@ -480,7 +480,7 @@ def test_the_controllers_own_culling_and_the_cullers_never_fight(env: Env) -> No
             again = result_for(runner.once().results, "own")
     finally:
         server.__exit__(None, None, None)
-    assert again.verdict.rule != "3-restarted" and again.verdict.action == "keep", again.verdict
+    assert again.verdict.rule_id != "3-restarted" and again.verdict.action == "keep", again.verdict
     assert not [e for e in env.events("own") if e.reason in (EVENT_STOP, EVENT_RESTART)]
 
 
@@ -557,7 +557,7 @@ def test_a_workspace_its_controller_cannot_pause_is_reported_and_its_gpu_freed(e
                             stopDeadlineMinutes=0.1) as runner:
                 instrument(runner, metrics)
                 stopped = until_action(runner, "gpu", "stop")
-                assert stopped.verdict.rule == "10-idle" and stopped.write is not None, stopped.verdict
+                assert stopped.verdict.rule_id == "10-idle" and stopped.write is not None, stopped.verdict
                 assert stopped.write.outcome == "patched", stopped.write
                 assert env.workspace("gpu")["spec"]["paused"] is True
                 time.sleep(2)
@@ -566,11 +566,11 @@ def test_a_workspace_its_controller_cannot_pause_is_reported_and_its_gpu_freed(e
                 deadline = time.monotonic() + 30
                 while True:
                     r = result_for(runner.once().results, "gpu")
-                    if r.verdict.rule != "1-stopped" or time.monotonic() > deadline:
+                    if r.verdict.rule_id != "1-stopped" or time.monotonic() > deadline:
                         break
                     time.sleep(1)
-                assert (r.verdict.action, r.verdict.state, r.verdict.rule) == ("keep", "stopped", "1-stop-not-taken"), \
-                    r.verdict
+                assert (r.verdict.action, r.verdict.state, r.verdict.rule_id) == \
+                    ("keep", "stopped", "1-stop-not-taken"), r.verdict
                 assert "did not take" in r.verdict.reason and sts_name in r.verdict.reason, r.verdict.reason
                 assert "2 StatefulSets" in r.verdict.reason, r.verdict.reason
                 assert r.reclaim == "scaled", r.reclaim
@@ -595,7 +595,7 @@ def test_a_workspace_its_controller_cannot_pause_is_reported_and_its_gpu_freed(e
                 procs.wait_until(gone, TIMEOUT, 0.2, "the GPU pod to be gone")
                 time.sleep(1)  # the cache sees it gone
                 after = result_for(runner.once().results, "gpu")
-                assert after.verdict.rule == "1-stopped", after.verdict
+                assert after.verdict.rule_id == "1-stopped", after.verdict
                 told = metrics.render().decode()
                 assert metric(told, "kf_culler_stops_not_taken", 'kind="Workspace"') == 0, told
         finally:

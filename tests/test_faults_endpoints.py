@@ -347,8 +347,8 @@ def test_otlp_collector_down_changes_nothing_and_blocks_nothing(faulty: FaultySe
     assert _verdicts(done["second"]) == baseline
     # Every span of both passes was handed over (none lost to the held export): per pass one cycle,
     # one gather and one span per notebook.
-    names = [n for n in handed if n in ("kf_culler.cycle", "kf_culler.gather", "kf_culler.notebook")]
-    assert sorted(names) == sorted(["kf_culler.cycle", "kf_culler.gather"] * 2 + ["kf_culler.notebook"] * 40)
+    names = [n for n in handed if n in ("kf_culler.cycle", "kf_culler.gather", "kf_culler.session")]
+    assert sorted(names) == sorted(["kf_culler.cycle", "kf_culler.gather"] * 2 + ["kf_culler.session"] * 40)
     assert calls, "no export ever returned"
     assert all(outcome == SpanExportResult.FAILURE for _, outcome in calls)
     assert all(name != threading.main_thread().name for name, _ in calls)

@@ -406,8 +406,8 @@ def test_a_policy_the_culler_cannot_put_in_place_is_a_confirmed_access_problem(
         assert runner.policies is not None and runner.policies.last is not None
         assert list(runner.policies.last.missing) == [work]
         second = runner.once().results[0]
-    assert first.verdict.rule == "6-no-signal"  # before the culler knew
-    assert (second.verdict.action, second.verdict.state, second.verdict.rule) == (
+    assert first.verdict.rule_id == "6-no-signal"  # before the culler knew
+    assert (second.verdict.action, second.verdict.state, second.verdict.rule_id) == (
         "keep", "no-signal", "16-access-problem")
     assert "kf-culler-probes is not in place" in second.verdict.reason and "403" in second.verdict.reason
 

@@ -130,8 +130,8 @@ def test_stop_is_traced_counted_and_served(api: Any, namespace: str,
     def parent(s: ReadableSpan) -> ReadableSpan | None:
         return by_id.get(s.parent.span_id) if s.parent else None
 
-    nb_span = next(s for s in spans if s.name == "kf_culler.notebook"
-                   and s.attributes and s.attributes.get("kf_culler.notebook") == "gpu-nb"
+    nb_span = next(s for s in spans if s.name == "kf_culler.session"
+                   and s.attributes and s.attributes.get("kf_culler.session") == "gpu-nb"
                    and s.attributes.get("kf_culler.action") == "stop")
     cycle = parent(nb_span)
     assert cycle is not None and cycle.name == "kf_culler.cycle"
@@ -256,7 +256,7 @@ def test_otlp_spans_arrive_at_a_receiver(kube: KubeTarget, api: Any, namespace: 
     assert names.count("kf_culler.cycle") == 1 and names.count("kf_culler.gather") == 1
     (cycle,) = [s for s in spans if s[0] == "kf_culler.cycle"]
     assert cycle[1]["kf_culler.notebooks"] == 2 and cycle[1]["kf_culler.interrupted"] is False
-    notebooks = {s[1]["kf_culler.notebook"]: s for s in spans if s[0] == "kf_culler.notebook"}
+    notebooks = {s[1]["kf_culler.session"]: s for s in spans if s[0] == "kf_culler.session"}
     assert set(notebooks) == {"cpu-nb", "gpu-nb"}
     for name, (_, attrs, trace_id, span_id, parent) in notebooks.items():
         assert (trace_id, parent) == (cycle[2], cycle[3]), name  # a child of the pass's span

@@ -472,12 +472,12 @@ def test_the_culler_stops_an_idle_workbench_and_never_touches_the_lock(env: Env)
         with Runner(settings, env.api, records_namespace=env.namespace) as runner:
             locked = [r for r in runner.once().results if r.name == "wb"]
             if env.annotations("wb").get(STOP_ANNOTATION) == LOCK_VALUE and locked:
-                assert locked[0].verdict.rule == "1-stopped" and locked[0].write is None  # the lock: nothing written
+                assert locked[0].verdict.rule_id == "1-stopped" and locked[0].write is None  # the lock: nothing written
             env.running("wb")
             time.sleep(1)  # the cache sees the lock gone
             deadline = time.monotonic() + 30
             while (r := next(x for x in runner.once().results if x.name == "wb")).verdict.action != "stop":
-                assert r.verdict.rule != "3-restarted", r.verdict  # the lock's removal is no restart
+                assert r.verdict.rule_id != "3-restarted", r.verdict  # the lock's removal is no restart
                 assert time.monotonic() < deadline, r.verdict
                 time.sleep(1)
     assert r.write is not None and r.write.outcome == "patched", r.write

@@ -107,8 +107,8 @@ def test_a_gpu_pod_taken_from_its_statefulset_is_reported_once(api: Any, namespa
     with runner:
         first = {r.name: r for r in runner.once().results}
         second = {r.name: r for r in runner.once().results}
-    assert (first["nb"].verdict.state, first["nb"].verdict.rule) == ("starting", "3-starting")
-    assert second["ok"].verdict.rule != "3-starting"  # the control: an owned pod is paired
+    assert (first["nb"].verdict.state, first["nb"].verdict.rule_id) == ("starting", "3-starting")
+    assert second["ok"].verdict.rule_id != "3-starting"  # the control: an owned pod is paired
     assert [(o.notebook, o.why) for o in runner.gpu_orphans] == [("nb", "the pod is not controlled by the "
                                                                           "StatefulSet nb")]
     events = [e for e in obj.events_for(api, namespace, "nb") if e.reason == EVENT_ORPHAN]
@@ -146,7 +146,7 @@ def test_a_statefulset_without_its_owner_reference_is_still_the_notebooks(api: A
     with runner:
         (only,) = runner.once().results
         snapshot = runner.cache.snapshot() if runner.cache is not None else []
-    assert only.name == "nb" and only.verdict.rule != "3-starting", only.verdict
+    assert only.name == "nb" and only.verdict.rule_id != "3-starting", only.verdict
     assert [(nb["metadata"]["name"], (pod or {}).get("metadata", {}).get("name")) for nb, pod in snapshot] == [
         ("nb", "nb-0")]
     assert runner.gpu_orphans == []

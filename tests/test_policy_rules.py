@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from kf_culler.config import ConfigError, Settings, load_mapping
-from kf_culler.notebook import NotebookView
 from kf_culler.policy import select
+from kf_culler.session import SessionView
 
 # docs/configuration.md, "Policy rules" (the same text: test_docs_example_is_this_config checks it).
 EXAMPLE = """
@@ -69,7 +69,7 @@ def notebook(ns: str = "team-a", gpus: int = 0, labels: dict[str, str] | None = 
 
 def chosen(nb: dict[str, Any], ns_labels: dict[str, str] | None, s: Settings | None = None) -> tuple[float, str]:
     s = s or settings()
-    policy, name = select(NotebookView.of(nb, None, s.policy), ns_labels, s)
+    policy, name = select(SessionView.of(nb, None, s.policy), ns_labels, s)
     return policy.idle_minutes, name
 
 
@@ -93,7 +93,7 @@ def test_first_match_wins() -> None:
 
 def test_a_rules_policy_is_the_top_level_plus_its_keys() -> None:
     s = settings()
-    policy, name = select(NotebookView.of(notebook(gpus=1), None, s.policy), RESEARCH, s)
+    policy, name = select(SessionView.of(notebook(gpus=1), None, s.policy), RESEARCH, s)
     assert name == "research-gpu"
     assert (policy.idle_minutes, policy.connected_gpu_idle_minutes, policy.warn_minutes) == (240, 120, 10)
 

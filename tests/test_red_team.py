@@ -238,8 +238,8 @@ def test_forged_restart_marks_written_every_pass_keep_nothing(profile: Profile) 
                                 STOPPED_BY_VALUE, STOPPED_AT_ANNOTATION: format_time(time_ago(90))})
 
     r = profile.passes_until("nb", is_stop, between=forge)
-    assert (r.verdict.state, r.verdict.rule) == ("idle", "10-idle"), r.verdict
-    assert all(x.verdict.rule != "3-restarted" for x in profile.results)
+    assert (r.verdict.state, r.verdict.rule_id) == ("idle", "10-idle"), r.verdict
+    assert all(x.verdict.rule_id != "3-restarted" for x in profile.results)
     profile.stopped("nb", r)
 
 
@@ -339,7 +339,7 @@ def test_deleting_ones_pod_does_not_restart_the_lifetime_cap(profile: Profile) -
     jup.execute(jup.start_kernel(), "import time\nwhile True: time.sleep(1)")
     profile.culler(maxRunningMinutes=0.5)
     first = profile.passes_until("nb", lambda r: r.verdict.state == "active")
-    assert first.verdict.rule == "5-positive-evidence"
+    assert first.verdict.rule_id == "5-positive-evidence"
     deletions = 0
 
     def delete() -> None:
@@ -363,7 +363,7 @@ def test_deleting_ones_pod_does_not_restart_the_lifetime_cap(profile: Profile) -
     finally:
         stopper.set()
         thread.join()
-    assert r.verdict.rule == "13-lifetime-cap" and deletions >= 2, (r.verdict, deletions)
+    assert r.verdict.rule_id == "13-lifetime-cap" and deletions >= 2, (r.verdict, deletions)
     profile.stopped("nb", r)
 
 
@@ -376,7 +376,7 @@ def test_an_unknown_server_type_is_probed_as_jupyter(profile: Profile) -> None:
     profile.wait_running("nb")
     profile.culler()
     r = profile.passes_until("nb", is_stop)
-    assert (r.verdict.state, r.verdict.rule) == ("idle", "10-idle") and "'none'" in r.verdict.reason
+    assert (r.verdict.state, r.verdict.rule_id) == ("idle", "10-idle") and "'none'" in r.verdict.reason
     profile.stopped("nb", r)
 
 
@@ -390,7 +390,7 @@ def test_a_server_that_answers_nothing_does_not_protect_an_idle_gpu(profile: Pro
     kept = profile.passes_until("nb", lambda r: r.verdict.state == "no-signal")
     assert kept.verdict.action == "keep", kept.verdict
     r = profile.passes_until("nb", is_stop)
-    assert (r.verdict.state, r.verdict.rule) == ("no-signal", "16-no-signal-gpu-idle"), r.verdict
+    assert (r.verdict.state, r.verdict.rule_id) == ("no-signal", "16-no-signal-gpu-idle"), r.verdict
     assert "HTTP 503" in r.verdict.reason
     profile.stopped("nb", r)
 
@@ -444,7 +444,7 @@ def test_control_a_restart_from_the_web_app_is_honoured(profile: Profile) -> Non
     r = profile.passes_until("nb", is_stop)
     profile.stopped("nb", r)
     profile.annotate("nb", {STOP_ANNOTATION: None})  # Start, as Kubeflow's web app does it (as alice)
-    restarted = profile.passes_until("nb", lambda x: x.verdict.rule == "3-restarted")
+    restarted = profile.passes_until("nb", lambda x: x.verdict.rule_id == "3-restarted")
     assert restarted.verdict.state == "starting"
     later = [profile.passes_until("nb", lambda _x: True) for _ in range(5)]
     assert all(x.verdict.action != "stop" and x.verdict.state == "starting" for x in later), \

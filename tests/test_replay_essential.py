@@ -69,5 +69,5 @@ def test_essential_samples_keep_the_verdict(raw: list[tuple[int, int, int]], uti
     cut = essential_samples(samples, util, mem)
     assert len(cut) <= 3
     thin = decide(notebook, pod, {"jupyter": jupyter, "gpu": {"samples": cut}}, policy, now)
-    assert (thin.action, thin.state, thin.reason, thin.rule, thin.idle_since, thin.stop_at, thin.warn_at) == (
-        full.action, full.state, full.reason, full.rule, full.idle_since, full.stop_at, full.warn_at)
+    assert (thin.action, thin.state, thin.reason, thin.rule_id, thin.idle_since, thin.stop_at, thin.warn_at) == (
+        full.action, full.state, full.reason, full.rule_id, full.idle_since, full.stop_at, full.warn_at)

@@ -18,11 +18,11 @@ from kf_culler.cycle import CycleResult, NotebookResult
 from kf_culler.decide import decide_view
 from kf_culler.metrics import Metrics
 from kf_culler.model import STOP_ANNOTATION
-from kf_culler.notebook import NotebookView
 from kf_culler.plan import EVENT_NOT_TAKEN, plan
 from kf_culler.record import CullerRecord, parse_record
 from kf_culler.report import render
 from kf_culler.rules.untaken import Reclaim, next_step
+from kf_culler.session import SessionView
 from kf_culler.targets import CONTROLS_KEY
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -60,8 +60,8 @@ def pod(owner: dict[str, Any] | None = None, **changes: Any) -> dict[str, Any]:
 STS_REF = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "ws-abcde", "uid": STS_UID, "controller": True}
 
 
-def view(session: dict[str, Any], the_pod: dict[str, Any] | None, record: CullerRecord | None) -> NotebookView:
-    v = NotebookView.of(session, the_pod, SETTINGS.policy, record=record)
+def view(session: dict[str, Any], the_pod: dict[str, Any] | None, record: CullerRecord | None) -> SessionView:
+    v = SessionView.of(session, the_pod, SETTINGS.policy, record=record)
     return dataclasses.replace(v, stop_deadline_seconds=DEADLINE)
 
 
@@ -71,7 +71,7 @@ def test_a_workspace_stop_that_did_not_take_is_told_once_and_its_own_statefulset
     again (it is idempotent) until the pod is gone."""
     v = view(workspace(controls={"statefulSets": 2, "services": 1}), pod(STS_REF), CullerRecord(stopped_at=STOPPED_AT))
     verdict = decide_view(v, {}, SETTINGS.policy, NOW)
-    assert (verdict.action, verdict.state, verdict.rule) == ("keep", "stopped", "1-stop-not-taken")
+    assert (verdict.action, verdict.state, verdict.rule_id) == ("keep", "stopped", "1-stop-not-taken")
     assert "did not take" in verdict.reason and "2 StatefulSets" in verdict.reason, verdict.reason
     assert "ws-abcde" in verdict.reason
     first = plan(v, verdict, NOW, 10)
@@ -96,7 +96,7 @@ def test_only_a_workspace_pod_of_a_statefulset_has_a_next_step(session: dict[str
                                                               why: str) -> None:
     v = view(session, pod(owner), CullerRecord(stopped_at=STOPPED_AT))
     verdict = decide_view(v, {}, SETTINGS.policy, NOW)
-    assert verdict.rule == "1-stop-not-taken", why
+    assert verdict.rule_id == "1-stop-not-taken", why
     assert next_step(v) is None, why
     p = plan(v, verdict, NOW, 10)
     assert p.reclaim is None and p.event is not None, why
@@ -144,7 +144,7 @@ def result_of(session: dict[str, Any], record: CullerRecord) -> NotebookResult:
 
 def test_check_warns_and_the_metric_counts_the_stops_not_taken_by_kind() -> None:
     taken = result_of(notebook(), CullerRecord(stopped_at=NOW - timedelta(seconds=30)))
-    assert taken.verdict.rule == "1-stopped"
+    assert taken.verdict.rule_id == "1-stopped"
     results = [result_of(workspace(), CullerRecord(stopped_at=STOPPED_AT)),
                result_of(notebook(), CullerRecord(stopped_at=STOPPED_AT)), taken]
     cycle = CycleResult(NOW, NOW, 0.1, results)

@@ -17,8 +17,8 @@ from kf_culler.config import Policy
 from kf_culler.decide import decide
 from kf_culler.errors import InputError
 from kf_culler.model import STOP_ANNOTATION
-from kf_culler.notebook import NotebookView
 from kf_culler.notify.message import Notice, fields
+from kf_culler.session import SessionView
 from kf_culler.targets import UnknownKind, session_key, stop_body, target_of
 from kf_culler.targets.coder import coder_session
 from kf_culler.verdict_api import route_key
@@ -71,7 +71,7 @@ def test_an_unknown_kind_is_refused_not_taken_as_a_notebook() -> None:
     with pytest.raises(UnknownKind):  # no patch at all: before, this scaled the object to 0
         stop_body(pod_like, {STOP_ANNOTATION: "2026-01-01T00:00:00Z"})
     with pytest.raises(InputError):  # a pass skips it, saying why (kf_culler/cycle.py catches InputError)
-        NotebookView.of(pod_like, None, Policy())
+        SessionView.of(pod_like, None, Policy())
     with pytest.raises(InputError):
         decide(pod_like, None, {}, Policy(), NOW)
     assert target_of({"metadata": {"name": "nb"}}).kind == "Notebook"  # no kind at all: a scenario's notebook

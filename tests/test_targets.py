@@ -11,9 +11,9 @@ from kf_culler.config import load_mapping
 from kf_culler.decide import decide_view
 from kf_culler.local.workspaces import workspace_body, workspace_kind_body
 from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION
-from kf_culler.notebook import NotebookView
 from kf_culler.notify.message import Notice, keep_command, start_command
 from kf_culler.policy import selects_workload
+from kf_culler.session import SessionView
 from kf_culler.targets import (
     REPLICAS_BEFORE_ANNOTATION,
     WORKSPACE_NAME_LABEL,
@@ -85,9 +85,9 @@ def test_the_rules_keep_a_paused_workspace_and_stop_one_idle() -> None:
            "status": {"phase": "Running", "startTime": "2026-12-01T09:00:00Z"}}
     idle = {"jupyter": {"status": {"last_activity": "2026-12-01T10:00:00Z", "started": "2026-12-01T09:00:00Z",
                                    "connections": 0, "kernels": 0}, "kernels": [], "terminals": []}}
-    paused = decide_view(NotebookView.of(ws(paused=True), None, settings.policy), {}, settings.policy, NOW)
-    assert paused.rule == "1-stopped" and paused.action == "keep"
-    running = decide_view(NotebookView.of(ws(), pod, settings.policy), idle, settings.policy, NOW)
+    paused = decide_view(SessionView.of(ws(paused=True), None, settings.policy), {}, settings.policy, NOW)
+    assert paused.rule_id == "1-stopped" and paused.action == "keep"
+    running = decide_view(SessionView.of(ws(), pod, settings.policy), idle, settings.policy, NOW)
     assert running.action == "stop", running
 
 
@@ -268,5 +268,5 @@ def test_a_recorded_session_keeps_what_stopped_is_read_from() -> None:
     settings = load_mapping({}, "t")
     for obj, stopped in ((ws(paused=True), True), (ws(), False), (deployment(replicas=0), True),
                          (deployment(), False)):
-        view = NotebookView.of(minimal_notebook(obj), None, settings.policy)
+        view = SessionView.of(minimal_notebook(obj), None, settings.policy)
         assert view.stopped is stopped and view.kind == obj["kind"], obj

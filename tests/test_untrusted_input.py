@@ -252,7 +252,7 @@ def with_annotation(doc: dict[str, Any], key: str | None, value: Any = None,
 
 def decision(v: Verdict) -> tuple[Any, ...]:
     """What a verdict decides (not how its sentence reads)."""
-    return v.action, v.state, v.rule, v.idle_since, v.stop_at, v.warn_at
+    return v.action, v.state, v.rule_id, v.idle_since, v.stop_at, v.warn_at
 
 
 def test_the_shared_scenarios_are_here() -> None:
@@ -278,7 +278,7 @@ def test_keep_until_of_the_wrong_type_changes_no_decision(scenario: str) -> None
     for value in wrong_keep_until():
         got = verdict_for_document(with_annotation(doc, KEEP_UNTIL_ANNOTATION, value))
         assert decision(got) == decision(base), (scenario, str(value)[:40], got.to_dict(), base.to_dict())
-        if got.rule == "10-idle" and value is not None:
+        if got.rule_id == "10-idle" and value is not None:
             assert "was ignored" in got.reason, got.reason
 
 
@@ -311,7 +311,7 @@ def test_annotations_that_do_decide_are_the_documented_ones() -> None:
     # The server type picks the source read: code-server is not asked here, so the IDE gives no signal (and
     # the GPU idle for 4 h is stopped by rule 16, not for idleness)
     typed = verdict_for_document(with_annotation(doc, SERVER_TYPE_ANNOTATION, "group-one"))
-    assert (typed.state, typed.rule) == ("no-signal", "16-no-signal-gpu-idle")
+    assert (typed.state, typed.rule_id) == ("no-signal", "16-no-signal-gpu-idle")
     cfg_doc = copy.deepcopy(doc)
     cfg_doc["config"]["maxExtendMinutes"] = 600
     until = verdict_for_document(with_annotation(cfg_doc, KEEP_UNTIL_ANNOTATION, "2999-01-01T00:00:00Z"))
@@ -325,7 +325,7 @@ def test_a_notebook_that_breaks_deciding_costs_only_itself(home: FaultyServer, m
     and the other notebooks are decided and planned as usual."""
     import kf_culler.cycle as cycle_module
     from kf_culler.cycle import Cycle
-    from kf_culler.notebook import NotebookView
+    from kf_culler.session import SessionView
 
     started = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     items: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
@@ -335,7 +335,7 @@ def test_a_notebook_that_breaks_deciding_costs_only_itself(home: FaultyServer, m
         items.append((nb, {"metadata": {"name": f"{name}-0"}, "status": {"phase": "Running", "startTime": started}}))
     real = cycle_module.decide_view
 
-    def fragile(view: NotebookView, *args: Any) -> Verdict:
+    def fragile(view: SessionView, *args: Any) -> Verdict:
         if view.name == "nb-breaks":
             raise RuntimeError("a rule met an input it did not expect")
         return real(view, *args)

@@ -136,7 +136,7 @@ NOTEBOOK_POD_SPEC = ("nodeSelector", "affinity")
 
 
 def _slim_notebook(obj: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a Notebook the culler reads (kf_culler/notebook.py `NotebookView`, the plan, the writer):
+    """The parts of a Notebook the culler reads (kf_culler/session.py `SessionView`, the plan, the writer):
     identity and resourceVersion, labels and annotations (the API server bounds them at 256 KiB), the pod
     template's containers' and init containers' images and resources, its node selection and its claims'
     names (`kf_culler/stopped.py`), and the status
@@ -262,7 +262,7 @@ def _pick(obj: object, keys: tuple[str, ...]) -> dict[str, Any]:
 
 def _slim_health(status: dict[str, Any]) -> dict[str, Any]:
     """What rule 14 (broken GPU notebooks) reads: the Ready condition and, per container, its restart
-    count, why it waits, and when it last ended (kf_culler.notebook.pod_trouble)."""
+    count, why it waits, and when it last ended (kf_culler.session.pod_trouble)."""
     out: dict[str, Any] = {}
     conditions = status.get("conditions")
     ready = [_pick(c, ("type", "status", "lastTransitionTime")) for c in conditions

@@ -62,7 +62,7 @@ class Notice:
     uid: str | None
     reason: str
     state: str
-    rule: str
+    rule_id: str
     at: datetime  # when the pass wrote it
     stop_at: datetime | None  # warn: the planned stop; stop: the stop itself
     idle_since: datetime | None = None
@@ -125,7 +125,8 @@ def teams_escape(text: str) -> str:
 def _shown(n: Notice, esc: Escape) -> Notice:
     """The notice with every user-derived text cut (kf_culler/text.py) and escaped by `esc`."""
     return replace(n, namespace=esc(cut(n.namespace, NAME)), name=esc(cut(n.name, NAME)),
-                   reason=esc(cut(n.reason, REASON)), state=esc(cut(n.state, VALUE)), rule=esc(cut(n.rule, VALUE)))
+                   reason=esc(cut(n.reason, REASON)), state=esc(cut(n.state, VALUE)),
+                   rule_id=esc(cut(n.rule_id, VALUE)))
 
 
 def fields(n: Notice, dashboard_url: str | None = None, esc: Escape = plain,
@@ -148,7 +149,7 @@ def fields(n: Notice, dashboard_url: str | None = None, esc: Escape = plain,
     minutes_left = max(0, round((n.stop_at - n.at).total_seconds() / 60)) if n.stop_at else 0
     return {
         "kind": n.kind, "namespace": n.namespace, "name": n.name, "reason": n.reason, "state": n.state,
-        "rule": n.rule, "at": format_time(n.at), "stopAt": format_time(n.stop_at) if n.stop_at else "",
+        "rule": n.rule_id, "at": format_time(n.at), "stopAt": format_time(n.stop_at) if n.stop_at else "",
         "minutesLeft": str(minutes_left), "idleSince": format_time(n.idle_since) if n.idle_since else "",
         "howToKeep": how_to_keep, "keepCommand": keep or "",
         "keepUntilMax": format_time(latest) if latest else "", "howToStart": how_to_start,
@@ -183,7 +184,7 @@ def payload(n: Notice, fmt: str, templates: Templates | None = None, dashboard_u
         doc = {"text": subject, "blocks": [
             {"type": "header", "text": {"type": "plain_text", "text": _slack_cut(subject, 150)}},
             {"type": "section", "text": {"type": "mrkdwn", "text": _slack_cut(body, 3000), "verbatim": True}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"kf-culler · rule {slack_escape(n.rule)}",
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"kf-culler · rule {slack_escape(n.rule_id)}",
                                               "verbatim": True}]},
         ]}
     elif fmt == "teams":  # an Adaptive Card, as Teams' Workflows webhooks take it
@@ -204,7 +205,7 @@ def payload(n: Notice, fmt: str, templates: Templates | None = None, dashboard_u
             "version": VERSION, "kind": n.kind,
             "notebook": {"namespace": n.namespace, "name": n.name, "uid": n.uid, "serverType": n.server_type,
                          "gpus": n.gpus},
-            "reason": cut(n.reason, REASON), "state": n.state, "rule": n.rule, "at": values["at"],
+            "reason": cut(n.reason, REASON), "state": n.state, "rule": n.rule_id, "at": values["at"],
             "stopAt": values["stopAt"] or None, "idleSince": values["idleSince"] or None,
             "howToKeep": values["howToKeep"] if n.kind == "warn" else None,
             "keepCommand": (values["keepCommand"] or None) if n.kind == "warn" else None,

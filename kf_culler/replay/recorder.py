@@ -20,7 +20,8 @@ from typing import IO, Any
 
 from kf_culler.config import GPU_MODEL_LABEL
 from kf_culler.model import LAST_ACTIVITY_ANNOTATION, PREFIX, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
-from kf_culler.notebook import (
+from kf_culler.replay.trace import TraceHeader, TraceWriter, notebook_id, open_text, read_header
+from kf_culler.session import (
     annotations_of,
     as_dict,
     containers,
@@ -29,7 +30,6 @@ from kf_culler.notebook import (
     string_labels,
     template_containers,
 )
-from kf_culler.replay.trace import TraceHeader, TraceWriter, notebook_id, open_text, read_header
 
 _KEPT = (STOP_ANNOTATION, SERVER_TYPE_ANNOTATION, LAST_ACTIVITY_ANNOTATION)
 Objects = tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any], dict[str, Any]]

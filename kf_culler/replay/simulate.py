@@ -28,11 +28,11 @@ from typing import Any
 
 from kf_culler.ide import IDE_KINDS
 from kf_culler.model import STOP_ANNOTATION
-from kf_culler.notebook import annotations_of, gpu_count, metadata_of, running_since
 from kf_culler.readings import Unreadable, parse_gpu
 from kf_culler.replay.contenders import Check, ConfiguredPolicy, Contender
 from kf_culler.replay.fleet import BEHAVIOUR_LABEL
 from kf_culler.replay.trace import Record, TraceHeader, read_trace
+from kf_culler.session import annotations_of, gpu_count, metadata_of, running_since
 from kf_culler.timeutil import format_time, parse_time
 
 HOUR = 3600.0

@@ -177,7 +177,7 @@ class SweptPolicy(ConfiguredPolicy):
         else:
             key = "/".join(chosen.key)
             if key not in self.rules:
-                self.rules[key] = chosen.rule
+                self.rules[key] = chosen.policy_rule
             ops = self.settings.operations
             if not ops.namespaces.selects(chosen.key[0]):
                 return Check("keep", "exempt", "namespace not selected by this configuration")

@@ -3,6 +3,6 @@
 decide(notebook, pod, observations, policy, now) -> Verdict; pure: no I/O, no clock.
 """
 
-from kf_culler.rules.table import RULES, Rule, decide, decide_view
+from kf_culler.rules.table import RULES, TableEntry, decide, decide_view
 
-__all__ = ["RULES", "Rule", "decide", "decide_view"]
+__all__ = ["RULES", "TableEntry", "decide", "decide_view"]

@@ -14,8 +14,8 @@ from typing import Any
 from kf_culler.config import Policy
 from kf_culler.ide import IdeKind, for_server_type
 from kf_culler.model import SOURCES
-from kf_culler.notebook import NotebookView
 from kf_culler.readings import GpuSample, IdeReading, Unreadable, parse_gpu, source_error
+from kf_culler.session import SessionView
 from kf_culler.timeutil import format_time
 
 
@@ -55,7 +55,7 @@ class Clock:
 
 @dataclass(frozen=True)
 class Evidence:
-    view: NotebookView
+    view: SessionView
     ide_kind: IdeKind | None  # None: an unknown server type
     ide: IdeReading | None
     ide_problem: str | None  # why there is no IDE reading
@@ -81,7 +81,7 @@ def _past(t: datetime | None, now: datetime) -> datetime | None:
 
 def _read_ide(kind: IdeKind | None, stype: str, observations: dict[str, Any],
               record: dict[str, Any]) -> tuple[IdeReading | None, str | None]:
-    if kind is None:  # not reached: an unknown server type is read as Jupyter (NotebookView.server_type)
+    if kind is None:  # not reached: an unknown server type is read as Jupyter (SessionView.server_type)
         return None, f"unknown server type {stype!r}"
     if kind.source not in observations:
         return None, f"{kind.name} was not asked"
@@ -122,7 +122,7 @@ def _read_gpu(gpus: int, observations: dict[str, Any], policy: Policy,
     return gpu, None
 
 
-def _clock(view: NotebookView, ide: IdeReading | None, gpu: GpuReading | None, now: datetime) -> Clock | None:
+def _clock(view: SessionView, ide: IdeReading | None, gpu: GpuReading | None, now: datetime) -> Clock | None:
     if view.pod_start is None:
         return None
     started = min(view.pod_start, now)
@@ -145,7 +145,7 @@ def _clock(view: NotebookView, ide: IdeReading | None, gpu: GpuReading | None, n
     return Clock(started, since, min(max(work + connections), now), min(max(work), now))
 
 
-def read_evidence(view: NotebookView, observations: dict[str, Any], policy: Policy, now: datetime) -> Evidence:
+def read_evidence(view: SessionView, observations: dict[str, Any], policy: Policy, now: datetime) -> Evidence:
     """Read every source once (rules 4, 6, 7, 8). Never raises for a broken observation."""
     kind = for_server_type(view.server_type)
     ide_source = kind.source if kind is not None else None

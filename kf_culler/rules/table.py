@@ -21,10 +21,10 @@ from kf_culler.model import (
     State,
     Verdict,
 )
-from kf_culler.notebook import NotebookView, pod_trouble
 from kf_culler.record import CullerRecord
 from kf_culler.rules.evidence import Clock, Evidence, read_evidence
 from kf_culler.rules.untaken import not_taken
+from kf_culler.session import SessionView, pod_trouble
 from kf_culler.timeutil import add_minutes, format_time, parse_time
 from kf_culler.timeutil import clock_text as hhmm
 from kf_culler.timeutil import duration_text as minutes
@@ -33,8 +33,11 @@ RuleFn = Callable[[Evidence, Policy, datetime], Verdict | None]
 
 
 @dataclass(frozen=True)
-class Rule:
-    id: RuleId
+class TableEntry:
+    """One line of the rule table: the spec's rule it applies (`rule_id`, the id its verdicts carry; one rule
+    may have several entries, e.g. 5-positive-evidence for the GPU and for the IDE) and its check."""
+
+    rule_id: RuleId
     check: RuleFn
 
 
@@ -146,8 +149,8 @@ def broken(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
 
 def _rest(ev: Evidence, policy: Policy, now: datetime, after: RuleFn) -> Verdict:
     """The verdict of the rules after `after` in the table."""
-    following = RULES[next(i for i, r in enumerate(RULES) if r.check is after) + 1:]
-    return next(v for r in following if (v := r.check(ev, policy, now)) is not None)
+    following = RULES[next(i for i, entry in enumerate(RULES) if entry.check is after) + 1:]
+    return next(v for entry in following if (v := entry.check(ev, policy, now)) is not None)
 
 
 def lifetime_cap(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
@@ -393,24 +396,24 @@ def idle(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
     return _warn_then_stop(ev, policy, now, "10-idle", "idle", _clock(ev).idle_since, policy.idle_minutes)
 
 
-RULES: tuple[Rule, ...] = (
-    Rule("1-stop-not-taken", stop_not_taken),
-    Rule("1-stopped", stopped),
-    Rule("2-exempt", exempt),
-    Rule("3-restarted", restarted),
-    Rule("14-broken", broken),
-    Rule("3-starting", no_running_pod),
-    Rule("3-starting", in_grace),
-    Rule("13-lifetime-cap", lifetime_cap),
-    Rule("5-positive-evidence", gpu_working),
-    Rule("5-positive-evidence", ide_busy),
-    Rule("16-access-problem", access_problem),
-    Rule("16-no-signal-gpu-idle", no_signal_gpu_idle),
-    Rule("6-no-signal", no_signal),
-    Rule("9-connected", connected),
-    Rule("6-half-evidence", half_evidence),
-    Rule("9-connected-gpu-idle", connected_gpu_idle),
-    Rule("10-idle", idle),
+RULES: tuple[TableEntry, ...] = (
+    TableEntry("1-stop-not-taken", stop_not_taken),
+    TableEntry("1-stopped", stopped),
+    TableEntry("2-exempt", exempt),
+    TableEntry("3-restarted", restarted),
+    TableEntry("14-broken", broken),
+    TableEntry("3-starting", no_running_pod),
+    TableEntry("3-starting", in_grace),
+    TableEntry("13-lifetime-cap", lifetime_cap),
+    TableEntry("5-positive-evidence", gpu_working),
+    TableEntry("5-positive-evidence", ide_busy),
+    TableEntry("16-access-problem", access_problem),
+    TableEntry("16-no-signal-gpu-idle", no_signal_gpu_idle),
+    TableEntry("6-no-signal", no_signal),
+    TableEntry("9-connected", connected),
+    TableEntry("6-half-evidence", half_evidence),
+    TableEntry("9-connected-gpu-idle", connected_gpu_idle),
+    TableEntry("10-idle", idle),
 )
 
 
@@ -436,7 +439,7 @@ def decide(
         raise InputError("pod is neither an object nor null")
     if not isinstance(observations, dict):
         raise InputError("observations is not an object")
-    view = NotebookView.of(notebook, pod, policy, node=node, record=record, access_problem=access_problem)
+    view = SessionView.of(notebook, pod, policy, node=node, record=record, access_problem=access_problem)
     if stop_deadline_seconds is not None:
         view = replace(view, stop_deadline_seconds=stop_deadline_seconds)
     return decide_view(view, observations, policy, now)
@@ -451,11 +454,11 @@ def _named_unknown(ev: Evidence, verdict: Verdict) -> Verdict:
                    "knows; the notebook was probed as Jupyter, Kubeflow's default.)")
 
 
-def decide_view(view: NotebookView, observations: dict[str, Any], policy: Policy, now: datetime) -> Verdict:
+def decide_view(view: SessionView, observations: dict[str, Any], policy: Policy, now: datetime) -> Verdict:
     """The verdict for a notebook already unwrapped into its view (what a pass builds once)."""
     ev = read_evidence(view, observations, policy, now)
-    for rule in RULES:
-        verdict = rule.check(ev, policy, now)
+    for entry in RULES:
+        verdict = entry.check(ev, policy, now)
         if verdict is not None:
             return _named_unknown(ev, verdict)
     raise AssertionError("the last rule always decides")

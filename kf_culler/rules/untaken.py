@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from kf_culler.model import Verdict
-from kf_culler.notebook import NotebookView, metadata_of
+from kf_culler.session import SessionView, metadata_of
 from kf_culler.targets import KINDS
 from kf_culler.timeutil import clock_text as hhmm
 from kf_culler.timeutil import duration_text as minutes
@@ -30,7 +30,7 @@ class Reclaim:
     uid: str
 
 
-def overdue(view: NotebookView, deadline_seconds: float | None, now: datetime) -> datetime | None:
+def overdue(view: SessionView, deadline_seconds: float | None, now: datetime) -> datetime | None:
     """When the culler's last stop of the session should have freed its pod, if that is past and a pod of the
     session still runs holding a GPU while the stop stands; else None."""
     record = view.record
@@ -42,7 +42,7 @@ def overdue(view: NotebookView, deadline_seconds: float | None, now: datetime) -
     return due if now >= due else None
 
 
-def next_step(view: NotebookView) -> Reclaim | None:
+def next_step(view: SessionView) -> Reclaim | None:
     """The safe next step for a stop that did not take, or None (report only).
 
     A Workspace's pod is reached by ownership (kf_culler/targets/ `workspace_pod`: pod -> StatefulSet by uid ->
@@ -55,7 +55,7 @@ def next_step(view: NotebookView) -> Reclaim | None:
     return Reclaim(*step) if step is not None else None
 
 
-def not_taken(view: NotebookView, deadline_seconds: float | None, now: datetime) -> Verdict | None:
+def not_taken(view: SessionView, deadline_seconds: float | None, now: datetime) -> Verdict | None:
     """The verdict for a session whose stop did not take, or None. It comes before every other rule: such a
     session is neither "stopped" (rule 1) nor "restarted" (rule 3)."""
     due = overdue(view, deadline_seconds, now)

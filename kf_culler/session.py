@@ -1,4 +1,4 @@
-"""One notebook's facts, unwrapped once from the API objects: `NotebookView`.
+"""One notebook's facts, unwrapped once from the API objects: `SessionView`.
 
 The Notebook and its pod arrive as untrusted JSON; every reading of them (metadata, annotations,
 containers, GPU count, server type, pod start) lives here, so each layer sees the same facts.
@@ -267,7 +267,7 @@ def pod_start(pod: object) -> datetime | None:
 
 
 @dataclass(frozen=True)
-class NotebookView:
+class SessionView:
     """The facts the culler reads from one Notebook, its pod, the pod's Node and its own record, unwrapped once."""
 
     namespace: str | None
@@ -302,7 +302,7 @@ class NotebookView:
     @classmethod
     def of(cls, notebook: dict[str, Any], pod: dict[str, Any] | None, policy: Policy, *,
            node: dict[str, Any] | None = None, record: CullerRecord | None = None,
-           access_problem: str | None = None) -> NotebookView:
+           access_problem: str | None = None) -> SessionView:
         """The view; InputError when the objects are not a notebook and a pod (or null) at all."""
         if not isinstance(notebook, dict):
             raise InputError("notebook is not an object")
