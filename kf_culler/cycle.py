@@ -103,6 +103,8 @@ class CycleResult:
     brakes: Outcome | None = None  # what the brakes did in this pass (kf_culler/brakes.py); None: no brakes
     # The pass's Events, sent after its patches (kf_culler/kube/event_tail.py); None: it wrote none.
     events: EventTail[NotebookResult] | None = None
+    # What the next pass needs from this one: the notebooks whose probes were slow (Cycle.slow).
+    slow: frozenset[tuple[str, str]] = frozenset()
 
     def wait_events(self, timeout: float | None = None) -> bool:
         """Wait until the pass's Events are sent (each result's `write.event` then says how it went)."""
@@ -156,9 +158,9 @@ class Cycle:
     # A namespace's owner where the user cannot forge it (kf_culler/kube/tenants.py), or None; the namespaces of
     # one owner take one share in the brakes and the notices' queue (`tenant`). Not set: each namespace is one.
     namespace_owner: Callable[[str], str | None] | None = None
-    # Notebooks whose probes were slow in the previous pass: probed by workers of their own (gather), replaced
-    # by this pass's after its gather.
-    slow: set[tuple[str, str]] = field(default_factory=set)
+    # Notebooks whose probes were slow in the previous pass (the last CycleResult's `slow`): probed by workers
+    # of their own (gather).
+    slow: frozenset[tuple[str, str]] = frozenset()
     # The brakes' limits (None: no brakes, no caps), what they remember from the previous pass, and an admin's
     # release of a hold (kf_culler/brakes.py; the runner keeps the state between passes).
     brakes: BrakeLimits | None = None
@@ -288,8 +290,6 @@ class Cycle:
                 auth = self.probe_auth(wanted) if wanted and self.probe_auth is not None else None
                 gathered = run_async(gather(requests, self.settings.operations, started, self.gpu,
                                             self.rstudio, self.slow, auth)) if requests else Gathered()
-                self.slow.clear()
-                self.slow.update(gathered.slow)
                 for key, (source, why) in untrusted.items():
                     gathered.observations.setdefault(key, {})[source] = {
                         "error": f"not probed: {why}, so its answer could come from another host"}
@@ -324,7 +324,7 @@ class Cycle:
                 events.wait()
                 phases["events"] = time.monotonic() - t_end
         return CycleResult(started, now, time.monotonic() - t0, results, gathered.bulk_queries, interrupted, phases,
-                           braked, events)
+                           braked, events, frozenset(gathered.slow))
 
     def _judge(self, nb: dict[str, Any], sel: Selected, pre: dict[SessionKey, Verdict], gathered: Gathered,
                now: datetime) -> Judged | None:

@@ -126,7 +126,7 @@ class Runner:
     namespace_owners: NamespaceOwners | None = None
     policies: PolicyKeeper | None = None  # kf-culler-probes per namespace (istio.manageAuthorizationPolicies)
     clock: Clock = utcnow  # where each pass reads the time (tests and replays set it)
-    slow: set[tuple[str, str]] = field(default_factory=set)  # notebooks slow to answer last pass
+    slow: frozenset[tuple[str, str]] = frozenset()  # notebooks slow to answer last pass (its CycleResult's)
     last_cycle_end: float = 0.0
     cycles: int = 0
     # Where the culler keeps its record of notebooks (kf_culler/kube/records.py); None: `own_namespace()`.
@@ -311,6 +311,7 @@ class Runner:
         items = snapshot + self.coder_items()  # Coder's workspaces, listed now (`targets: [coder]`)
         held = self._shards_held()
         result = cycle.run(items)
+        self.slow = result.slow
         self._events = result
         if wait_events:
             self.wait_events()

@@ -5,6 +5,7 @@ Against the loopback fault server (tests/support/faulty.py): `hang` never answer
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -89,3 +90,49 @@ def test_ctrl_c_during_a_gather_leaves_it_at_once(faulty: FaultyServer) -> None:
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
     assert loops and loops[0].is_closed()
+
+
+def test_a_pass_returns_its_slow_notebooks_and_the_next_pass_given_them_does_not_wait_behind_them(
+        faulty: FaultyServer) -> None:
+    """(A pass asks in name order, so the hanging notebook comes first.) The cycle keeps no memory of its own:
+    a pass's CycleResult carries the notebooks that were slow, and the
+    next Cycle, given them (as the Runner does), asks the answering notebooks while the hanging one is waited for."""
+    import threading
+
+    from kf_culler.config import load_mapping
+    from kf_culler.cycle import Cycle, CycleResult
+    from kf_culler.local import objects as obj
+
+    budget = 5  # the hanging probe holds its worker this long
+    settings = load_mapping({
+        "namespaces": {"include": ["team-a"]}, "idleMinutes": 1, "warnMinutes": 0, "startupGraceMinutes": 0,
+        "concurrency": 1, "probe": {"timeoutSeconds": budget, "connectTimeoutSeconds": 1, "retries": 0},
+        "urls": {"jupyter": faulty.base + "/{name}/", "codeServer": faulty.base + "/{name}/"}}, "test")
+    started = "2026-01-01T00:00:00Z"
+    items: list[tuple[dict[str, object], dict[str, object] | None]] = []
+    for name in ("a-hang", "b-ok", "c-ok"):
+        nb = obj.notebook(name)
+        nb["metadata"]["namespace"] = "team-a"
+        items.append((nb, {"metadata": {"name": f"{name}-0", "namespace": "team-a"},
+                           "status": {"phase": "Running", "startTime": started}}))
+
+    def one_pass(slow: frozenset[tuple[str, str]]) -> tuple[CycleResult, bool]:
+        """The pass, and whether all 7 requests but the hanging one's came while that probe still held its
+        worker (one worker: in a pass that puts the hanging notebook first, they can only come after it)."""
+        before = len(faulty.seen)
+        done: list[CycleResult] = []
+        worker = threading.Thread(target=lambda: done.append(Cycle(settings, slow=slow).run(items)))
+        t0 = time.monotonic()
+        worker.start()
+        while len(faulty.seen) - before < 7 and worker.is_alive():
+            time.sleep(0.02)
+        overlapped = len(faulty.seen) - before >= 7 and time.monotonic() - t0 < budget
+        worker.join()
+        return done[0], overlapped
+
+    first, overlapped = one_pass(frozenset())
+    assert not overlapped and first.slow == {("team-a", "a-hang")}
+    second, overlapped = one_pass(first.slow)
+    assert overlapped  # the answering notebooks were read while the hanging one was still waited for
+    assert second.slow == {("team-a", "a-hang")}
+    assert {r.name: r.verdict.state for r in second.results}["b-ok"] == "idle"
