@@ -11,7 +11,7 @@ bash hack/setup.sh
 setsid bash hack/background-builds.sh </dev/null &
 builds=$!
 set +e
-python3 -m pytest -ra "$@"
+python3 -m pytest -ra --durations=40 "$@"
 status=$?
 kill -TERM -- "-$builds" 2>/dev/null
 wait "$builds" 2>/dev/null
