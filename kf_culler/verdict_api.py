@@ -36,9 +36,12 @@ PREFIX = "/api/v1/"
 MAX_LIST_ITEMS = 500  # items per list response (?limit= may ask for fewer)
 MAX_LIST_BYTES = 1024 * 1024  # a list response stops before its body would pass this
 _NAME = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
+# A session's name: a Kubernetes name, or a Coder workspace's `<owner>.<workspace>`, whose names Coder allows in
+# capitals too (no Kubernetes object matches one with capitals, so a Notebook route gains nothing from them).
+_SESSION = r"[A-Za-z0-9](?:[-A-Za-z0-9.]{0,251}[A-Za-z0-9])?"
 # One route per target (kf_culler/targets/ `ROUTES`: `notebooks`, `workspaces`, ..., `coderworkspaces`).
-ONE = re.compile(rf"^/api/v1/namespaces/({_NAME})/({'|'.join(map(re.escape, ROUTES))})/({_NAME})$")
-EXTEND = re.compile(rf"^/api/v1/namespaces/({_NAME})/({'|'.join(map(re.escape, ROUTES))})/({_NAME})/extend$")
+ONE = re.compile(rf"^/api/v1/namespaces/({_NAME})/({'|'.join(map(re.escape, ROUTES))})/({_SESSION})$")
+EXTEND = re.compile(rf"^/api/v1/namespaces/({_NAME})/({'|'.join(map(re.escape, ROUTES))})/({_SESSION})/extend$")
 LIST = re.compile(rf"^/api/v1/namespaces/({_NAME})/notebooks/?$")
 JSON = "application/json"
 

@@ -19,7 +19,7 @@ from kf_culler.errors import InputError
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.notify.message import Notice, fields
 from kf_culler.session import SessionView
-from kf_culler.targets import UnknownKind, session_key, stop_body, target_of
+from kf_culler.targets import SessionKey, UnknownKind, session_key, stop_body, target_of
 from kf_culler.targets.coder import coder_session
 from kf_culler.verdict_api import route_key
 
@@ -61,6 +61,10 @@ def test_the_verdict_api_has_a_route_for_coder_workspaces() -> None:
     assert route_key("/api/v1/namespaces/team/notebooks/nb") == ("team", "nb")
     assert route_key("/api/v1/namespaces/team/workspaces/ws") == ("team", "Workspace/ws")
     assert route_key("/api/v1/namespaces/team/pods/nb") is None
+    # Coder allows capitals in user and workspace names; the route takes them as they are
+    assert route_key("/api/v1/namespaces/coder/coderworkspaces/Alice.Dev-1") == \
+        SessionKey.of("coder", "CoderWorkspace", "Alice.Dev-1")
+    assert route_key("/api/v1/namespaces/Team/notebooks/nb") is None  # a namespace never has capitals
 
 
 def test_an_unknown_kind_is_refused_not_taken_as_a_notebook() -> None:
