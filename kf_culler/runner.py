@@ -129,6 +129,8 @@ class Runner:
     slow: set[tuple[str, str]] = field(default_factory=set)  # notebooks slow to answer last pass
     last_cycle_end: float = 0.0
     cycles: int = 0
+    # The (notebook, pod) pairs the last pass ran over (`check --compare-config` decides them again).
+    last_items: list[tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
     # Where the culler keeps its record of notebooks (kf_culler/kube/records.py); None: `own_namespace()`.
     records_namespace: str | None = None
     records: RecordStore | None = None
@@ -311,6 +313,7 @@ class Runner:
         items = snapshot + self.coder_items()  # Coder's workspaces, listed now (`targets: [coder]`)
         held = self._shards_held()
         result = cycle.run(items)
+        self.last_items = items  # what the pass ran over (check --compare-config decides them again)
         self._events = result
         if wait_events:
             self.wait_events()
