@@ -39,8 +39,13 @@ class Compared:
 
     @property
     def differs(self) -> bool:
+        """Another action, state or rule, or another stop time ahead (two stops now are the same step)."""
         v, o = self.result.verdict, self.other
-        return o is None or (v.action, v.state, v.stop_at, v.rule) != (o.action, o.state, o.stop_at, o.rule)
+        return o is None or _step(v) != _step(o)
+
+
+def _step(v: Verdict) -> tuple[object, ...]:
+    return v.action, v.state, v.rule, None if v.action == "stop" else v.stop_at
 
 
 def compare(result: CycleResult, items: Sequence[tuple[dict[str, Any], dict[str, Any] | None]], cycle: Cycle,
