@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import asdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from test_replay_convert import template
 
 from kf_culler.cli import main
 from kf_culler.config import Policy, load_mapping
+from kf_culler.local import objects as obj
 from kf_culler.notebook import NotebookView
 from kf_culler.policy import select
 from kf_culler.record import parse_record
@@ -30,11 +31,12 @@ from kf_culler.replay import sweep as sw
 from kf_culler.replay.cohorts import CohortReplay
 from kf_culler.replay.contenders import Contender
 from kf_culler.replay.simulate import ReplayResult, replay
-from kf_culler.replay.trace import open_text
+from kf_culler.replay.trace import TraceHeader, TraceWriter, open_text
 from kf_culler.rules import decide_view
-from kf_culler.timeutil import parse_time
+from kf_culler.rules.table import decide_evidence
+from kf_culler.timeutil import format_time, parse_time
 
-GRID = ["idleMinutes=15,60,240", "warnMinutes=0,10", "connectedGpuIdleMinutes=off,30",
+GRID = ["idleMinutes=15,240", "warnMinutes=0,10", "connectedGpuIdleMinutes=off,30",
         "busyKernelGpuIdleMinutes=off,60", "noSignalGpuIdleMinutes=off,90"]
 # every team-0N namespace of the generated fleet: one with its own override, and policy rules by server type and GPU
 BASE: dict[str, Any] = {
@@ -131,18 +133,39 @@ def test_a_converted_trace(tmp_path: Path) -> None:
     assert fast == plain
 
 
+def _hung_kernel_recording(path: Path) -> None:
+    """A recording (no ground truth) of a GPU notebook whose kernel stays busy with its GPU idle for 6 hours, and
+    of a CPU notebook with a busy kernel beside it."""
+    start = datetime(2026, 3, 2, 9, tzinfo=UTC)
+    with open_text(path, "w") as out:
+        writer = TraceWriter(out, TraceHeader(start=start, check_period_seconds=300))
+        for minute in range(0, 6 * 60, 5):
+            now = start + timedelta(minutes=minute)
+            for gpus in (1, 0):
+                nb = obj.notebook(f"hung-{gpus}", gpus=gpus)
+                nb["metadata"]["namespace"] = "team-a"
+                pod = {"metadata": {"name": f"hung-{gpus}-0", "namespace": "team-a"},
+                       "spec": {"containers": [{"name": "nb", "resources": nb["spec"]["template"]["spec"][
+                           "containers"][0]["resources"]}]},
+                       "status": {"phase": "Running", "startTime": format_time(start)}}
+                obs: dict[str, Any] = {"jupyter": {
+                    "status": {"started": format_time(start), "last_activity": format_time(start + timedelta(
+                        minutes=20)), "connections": 0, "kernels": 1},
+                    "kernels": [{"id": "k", "name": "python3", "last_activity": format_time(start + timedelta(
+                        minutes=20)), "execution_state": "busy", "connections": 0}], "terminals": []}}
+                if gpus:
+                    obs["gpu"] = {"samples": [{"time": format_time(now), "utilPercent": 0, "memoryUsedMiB": 9000}]}
+                writer.write(now, nb, pod, obs)
+
+
 def test_a_trace_without_ground_truth(tmp_path: Path) -> None:
-    """A recorded trace has no ground truth: interruptions are the stops made while the recorded world showed work."""
-    with_truth, trace = _fleet(tmp_path, 7, notebooks=10), tmp_path / "recorded.jsonl.gz"
-    with open_text(with_truth, "r") as src, open_text(trace, "w") as out:
-        out.write(src.readline())
-        for line in src:
-            doc = json.loads(line)
-            doc.pop("truth", None)
-            out.write(json.dumps(doc) + "\n")
+    """A recording has no ground truth: interruptions are the stops made while the recorded world showed work (here,
+    busyKernelGpuIdleMinutes stopping a busy kernel whose GPU does nothing)."""
+    trace = tmp_path / "recorded.jsonl.gz"
+    _hung_kernel_recording(trace)
     fast, plain, _, _ = _both(trace, _configs({}))
     assert fast == plain
-    assert not fast["truth"] and any(per for per in fast["workStops"])  # interruptions from the recorded work
+    assert not fast["truth"] and any(per for per in fast["workStops"])
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
@@ -174,13 +197,13 @@ def test_a_policy_method_read_gives_every_policy_its_own_call(monkeypatch: pytes
     assert now is not None
     policy = load_mapping(doc.get("config"), "scenario").policy
     view = NotebookView.of(doc["notebook"], doc.get("pod"), policy)
-    real = decide_view
+    real = decide_evidence
 
-    def reads_a_method(*args: Any, **kwargs: Any) -> Any:
-        args[2].server_type_for_image("x")
-        return real(*args, **kwargs)
+    def reads_a_method(ev: Any, policy: Any, at: Any) -> Any:  # the rules, had one of them called a policy method
+        policy.server_type_for_image("x")
+        return real(ev, policy, at)
 
-    monkeypatch.setattr(shared_decide, "decide_view", reads_a_method)
+    monkeypatch.setattr(shared_decide, "decide_evidence", reads_a_method)
     policies = [policy, policy.model_copy(), policy.model_copy(update={"idle_minutes": 5})]
     shared, calls = shared_decide.shared_verdicts(view, doc["observations"], policies, now, shared_decide.Signatures())
     assert calls == 3 and sorted(len(positions) for _, positions in shared) == [1, 1, 1]

@@ -7,7 +7,10 @@ and time, a policy that gives the same value at every one of those reads takes t
 `decide` and gets the same verdict: nothing else it holds was looked at. So the policies of a sweep that
 check one notebook at one record are sorted by the values they give at the reads of a first call; those
 that give the first call's values share its verdict, and each other set gets a call of its own (and is
-sorted again by that call's reads). The rules stay in `decide` alone; nothing here knows them.
+sorted again by that call's reads). The evidence (kf_culler/rules/evidence.py `read_evidence`, decide's first
+half) is kept the same way: read once, with the reads it made, and given to every later call whose policy gives
+the same values there; only the rules (`decide_evidence`) run again. The rules stay in `decide` alone; nothing
+here knows them.
 
 A policy read that is a method (not a value) cannot be compared: then every policy gets its own call.
 """
@@ -24,6 +27,8 @@ from kf_culler.config import Policy
 from kf_culler.model import Verdict
 from kf_culler.notebook import NotebookView
 from kf_culler.rules import decide_view
+from kf_culler.rules.evidence import Evidence, read_evidence
+from kf_culler.rules.table import decide_evidence
 
 Path = tuple[str, ...]
 Reads = tuple[tuple[Path, ...], tuple[object, ...]]  # the paths read, in order, and the (type, value) of each
@@ -60,15 +65,39 @@ def value_at(policy: Policy, path: Path) -> object:
     return (type(obj), obj)
 
 
+class Evidences:
+    """The evidence read for one notebook's observations at one time, kept with the policy reads reading it made:
+    a policy that gives the same values at those reads reads the same evidence (read_evidence is pure)."""
+
+    def __init__(self) -> None:
+        self.parsed: dict[str, object] = {}  # each source parsed once (decide_view's `parsed`)
+        self.read: list[tuple[tuple[Path, ...], tuple[object, ...], Evidence]] = []
+
+    def of(self, policy: Policy) -> tuple[tuple[Path, ...], tuple[object, ...], Evidence] | None:
+        for paths, values, ev in self.read:
+            if tuple(value_at(policy, p) for p in paths) == values:
+                return paths, values, ev
+        return None
+
+
 def traced_decide(view: NotebookView, observations: dict[str, Any], policy: Policy, now: datetime,
-                  parsed: dict[str, object] | None = None) -> tuple[Verdict, Reads | None]:
-    """decide_view's verdict, and the policy reads it made (None when one could not be compared). `parsed`: as
-    decide_view's, for decisions on the same observations."""
+                  evidences: Evidences | None = None) -> tuple[Verdict, Reads | None]:
+    """decide_view's verdict, and the policy reads it made (None when one could not be compared). `evidences`:
+    what earlier calls on the same view, observations and time read."""
+    evidences = evidences if evidences is not None else Evidences()
     log: list[tuple[Path, object]] = []
+    reading = cast(Policy, _Reading(policy, (), log))
     try:
-        verdict = decide_view(view, observations, cast(Policy, _Reading(policy, (), log)), now, parsed=parsed)
+        found = evidences.of(policy)
+        if found is None:
+            ev = read_evidence(view, observations, reading, now, evidences.parsed)
+            evidences.read.append((tuple(p for p, _ in log), tuple(v for _, v in log), ev))
+        else:
+            paths, values, ev = found
+            log.extend(zip(paths, values, strict=True))
+        verdict = decide_evidence(ev, reading, now)
     except _Opaque:
-        return decide_view(view, observations, policy, now, parsed=parsed), None
+        return decide_view(view, observations, policy, now, parsed=evidences.parsed), None
     return verdict, (tuple(p for p, _ in log), tuple(v for _, v in log))
 
 
@@ -98,15 +127,15 @@ def shared_verdicts(view: NotebookView, observations: dict[str, Any], policies: 
     out: list[tuple[Verdict, list[int]]] = []
     pending = set(range(len(policies)))
     calls = 0
-    parsed: dict[str, object] = {}  # each source parsed once for all these decisions
+    evidences = Evidences()  # each source parsed, and the evidence read, once for all these decisions
     while pending:
         first = min(pending)
-        verdict, reads = traced_decide(view, observations, policies[first], now, parsed)
+        verdict, reads = traced_decide(view, observations, policies[first], now, evidences)
         calls += 1
         if reads is None:
             out.append((verdict, [first]))
             for i in sorted(pending - {first}):
-                out.append((decide_view(view, observations, policies[i], now, parsed=parsed), [i]))
+                out.append((decide_view(view, observations, policies[i], now, parsed=evidences.parsed), [i]))
                 calls += 1
             break
         paths, values = reads

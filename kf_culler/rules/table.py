@@ -458,7 +458,11 @@ def decide_view(view: NotebookView, observations: dict[str, Any], policy: Policy
                 parsed: dict[str, object] | None = None) -> Verdict:
     """The verdict for a notebook already unwrapped into its view (what a pass builds once). `parsed`: where
     decisions on the same observations keep what their sources parse into (read_evidence)."""
-    ev = read_evidence(view, observations, policy, now, parsed)
+    return decide_evidence(read_evidence(view, observations, policy, now, parsed), policy, now)
+
+
+def decide_evidence(ev: Evidence, policy: Policy, now: datetime) -> Verdict:
+    """The rules over evidence already read (`read_evidence`): decide_view's second half."""
     for rule in RULES:
         verdict = rule.check(ev, policy, now)
         if verdict is not None:
