@@ -356,6 +356,8 @@ class CohortReplay:
         found = nb.choices.get(k)
         if found is not None:
             return found
+        if len(nb.choices) >= 64:  # contexts that changed while the notebook and pod did not
+            nb.choices.clear()
         labels, node = context.get("namespaceLabels"), context.get("node")
         labels = labels if isinstance(labels, dict) else None
         node = node if isinstance(node, dict) else None
