@@ -2,8 +2,9 @@
 
 Writes a seeded synthetic fleet (kf_culler/replay/fleet.py: a record every 5 minutes, the built-in mix of
 behaviours), then replays a grid of 90 policies and the current configuration (the built-in defaults) over it
-as the sweep does (kf_culler/replay/sweep.py `evaluate`), and prints the wall time, the CPU time of this process
-and its workers, and the CPU per policy and notebook-day.
+as the sweep does (kf_culler/replay/sweep.py `evaluate`: the cohort replay, the notebooks split into --jobs
+shards, one process each), and prints the wall time, the CPU time of this process and its workers, and the CPU
+per policy and notebook-day.
 
     python3 bench/sweep_speed.py --notebooks 500 --days 30 --jobs 2
     python3 bench/sweep_speed.py --notebooks 20 --days 7 --jobs 2      # a smaller fleet, the same grid

@@ -138,16 +138,46 @@ def cmd_check(args: argparse.Namespace) -> int:
     from kf_culler.report import render
     from kf_culler.rule_check import loosening_rule_warnings
 
+    other = None
+    if args.compare_config:
+        from kf_culler.config import ConfigError
+        from kf_culler.config_layers import load_layered
+
+        try:
+            other = load_layered(args.compare_config)
+        except ConfigError as err:
+            print(f"kf-culler check: --compare-config: {err}", file=sys.stderr)
+            return 2
+        except OSError as err:
+            print(f"kf-culler check: --compare-config {args.compare_config}: {err.strerror or err}", file=sys.stderr)
+            return 2
     runner = _synced_runner(args)
     if isinstance(runner, int):
         return runner
     warning = runner.settings.gpu_source_warning()
     warnings = ([warning] if warning else []) + loosening_rule_warnings(runner.settings)
     try:
-        print(_with_long_stopped(runner, args.output, render(runner.once(), args.output, warnings)))
+        if other is None:
+            print(_with_long_stopped(runner, args.output, render(runner.once(), args.output, warnings)))
+        else:
+            print(_compared(runner, other, args.compare_config, args.output, warnings))
     finally:
         runner.close()
     return 0
+
+
+def _compared(runner: Runner, other: Settings, path: str, fmt: str, warnings: list[str]) -> str:
+    """`check --compare-config`: one pass, and each of its notebooks decided again with `other`."""
+    from kf_culler import compare_verdicts
+
+    if other.needs_namespace_labels and runner.namespace_labels is None:  # the other's rules read them
+        from kf_culler.kube.namespaces import NamespaceLabels
+
+        runner.namespace_labels = NamespaceLabels(runner.api)
+    result = runner.once()
+    rows = compare_verdicts.compare(result, runner.last_items, runner.build_cycle(), other)
+    return compare_verdicts.render(rows, result, fmt, path,
+                                   [*warnings, *compare_verdicts.warnings_for(runner.settings, other, path)])
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -363,6 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_args(p)
     p.add_argument("--output", "-o", choices=("table", "wide", "json", "yaml"), default="table")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the notebook list")
+    p.add_argument("--compare-config", metavar="FILE",
+                   help="also decide every notebook with this configuration (e.g. the config.yaml `replay --sweep "
+                   "--write-config` wrote; read with the *.fragment.yaml beside it, as `run --config` reads it), "
+                   "from the same evidence, and show its verdict beside today's (`*`: it differs)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("explain", help="every source's answer for one notebook, and the rule that decided",

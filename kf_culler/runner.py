@@ -129,6 +129,8 @@ class Runner:
     slow: frozenset[tuple[str, str]] = frozenset()  # notebooks slow to answer last pass (its CycleResult's)
     last_cycle_end: float = 0.0
     cycles: int = 0
+    # The (notebook, pod) pairs the last pass ran over (`check --compare-config` decides them again).
+    last_items: list[tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
     # Where the culler keeps its record of notebooks (kf_culler/kube/records.py); None: `own_namespace()`.
     records_namespace: str | None = None
     records: RecordStore | None = None
@@ -312,6 +314,7 @@ class Runner:
         held = self._shards_held()
         result = cycle.run(items)
         self.slow = result.slow
+        self.last_items = items  # what the pass ran over (check --compare-config decides them again)
         self._events = result
         if wait_events:
             self.wait_events()

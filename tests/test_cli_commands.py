@@ -4,6 +4,7 @@ the shipped manifests' configuration started by `kf-culler run` against a real A
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -66,6 +67,27 @@ def test_release_brakes_and_check_use_the_same_namespace_from_pod_namespace(kube
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"ConfigMap {namespace}/{BRAKES}" in done.stdout
     assert client.CoreV1Api(api).read_namespaced_config_map(BRAKES, namespace).data
+
+
+def test_check_compare_config_shows_the_other_verdict_from_the_same_pass(kube: KubeTarget, api: Any, namespace: str,
+                                                                         tmp_path: Path) -> None:
+    """`check --compare-config FILE` against a real API server: the notebook's probe fails (no IDE behind it), so
+    today's defaults keep it for no signal; the other file's start-up grace of 10 hours keeps it as starting. Both
+    verdicts come from one pass, and the row says they differ."""
+    other = tmp_path / "recommended.yaml"
+    other.write_text("startupGraceMinutes: 600\n")
+    obj.create_notebook(api, namespace, obj.notebook("nb"))
+    obj.running_pod(api, namespace, "nb", datetime.now(UTC) - timedelta(hours=3))
+    done = subprocess.run([sys.executable, "-m", "kf_culler", "check", "--kubeconfig", str(kube.kubeconfig),
+                           "--culler-namespace", namespace, "--compare-config", str(other), "-o", "json"],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    [row] = [r for r in doc["notebooks"] if r["namespace"] == namespace]
+    assert doc["compared"] == str(other)
+    assert row["current"]["state"] == "no-signal" and row["current"]["action"] == "keep"
+    assert row["compared"]["state"] == "starting" and row["compared"]["rule"] == "3-starting"
+    assert row["differs"] is True
 
 
 # --- --help: each command's own exit codes -------------------------------------------------------------------------

@@ -22,22 +22,18 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from kf_culler.config import ConfigError, Policy, load_mapping, read_data
 from kf_culler.config_layers import fragment_paths, merge
-from kf_culler.decide import decide_view
-from kf_culler.ide import IDE_KINDS
-from kf_culler.model import InputError
-from kf_culler.policy import Selected, selection
-from kf_culler.readings import Unreadable, parse_gpu
-from kf_culler.replay.contenders import Check, ConfiguredPolicy, Contender
+from kf_culler.replay.cohorts import CohortReplay
+from kf_culler.replay.contenders import Contender
 from kf_culler.replay.simulate import HOUR, ReplayResult, replay
+from kf_culler.replay.sweep_policy import SweptPolicy as SweptPolicy
 
 DAY = 24 * HOUR
 # The policy keys a sweep varies (config-file names); `off` is null (the rule is off).
@@ -128,69 +124,6 @@ def group_of(grouping: str | None, notebook_id: str, rule: str | None) -> str:
     return "all"
 
 
-def _work_at_stop(observations: Mapping[str, Any], policy: Policy) -> bool:
-    """Whether the recorded world shows running work: an IDE saying something runs, or the latest GPU sample
-    over the policy's thresholds."""
-    for kind in IDE_KINDS:
-        if kind.source in observations:
-            try:
-                if kind.parse(observations[kind.source]).busy:
-                    return True
-            except Unreadable:
-                pass
-    if "gpu" in observations:
-        try:
-            s = parse_gpu(observations["gpu"])[-1]
-        except Unreadable:
-            return False
-        return s.util_percent >= policy.gpu.util_percent and s.memory_mib >= policy.gpu.memory_mib
-    return False
-
-
-@dataclass
-class SweptPolicy(ConfiguredPolicy):
-    """A ConfiguredPolicy that also notes, per notebook, the stops made while the recorded world showed running
-    work and (for grouping by rule) the rule that chose the notebook's policy."""
-
-    work_stops: dict[str, int] = field(default_factory=dict)
-    rules: dict[str, str] = field(default_factory=dict)
-
-    def check(self, memo: dict[str, Any], notebook: dict[str, Any], pod: dict[str, Any] | None,
-              observations: dict[str, Any], now: datetime, started: datetime, context: Mapping[str, Any]) -> Check:
-        """As ConfiguredPolicy.check, but the way a pass of the culler calls the decision (kf_culler/cycle.py):
-        the notebook read once into its view with its policy (kf_culler/policy.py `selection`), kept while the
-        notebook, pod and context objects stay the same, then `decide_view` at each check."""
-        seen = memo.get("selected")
-        if seen is None or seen[0] is not notebook or seen[1] is not pod or (seen[2] is not context
-                                                                            and seen[2] != context):
-            labels, node = context.get("namespaceLabels"), context.get("node")
-            try:
-                chosen: Selected | None = selection(notebook, pod, self.settings,
-                                                    namespace_labels=labels if isinstance(labels, dict) else None,
-                                                    node=node if isinstance(node, dict) else None)
-            except InputError:
-                chosen = None
-            seen = memo["selected"] = (notebook, pod, context, chosen)
-        chosen = seen[3]
-        if chosen is None:  # not a notebook at all: decide says what is wrong with it
-            result = super().check(memo, notebook, pod, observations, now, started, context)
-        else:
-            key = "/".join(chosen.key)
-            if key not in self.rules:
-                self.rules[key] = chosen.policy_rule
-            ops = self.settings.operations
-            if not ops.namespaces.selects(chosen.key[0]):
-                return Check("keep", "exempt", "namespace not selected by this configuration")
-            if ops.gpu_only and chosen.view.gpus == 0:
-                return Check("keep", "exempt", "gpuOnly: the notebook has no GPU")
-            self.calls += 1
-            verdict = decide_view(chosen.view, observations, chosen.policy, now)
-            result = Check(verdict.action, verdict.state, verdict.reason)
-            if result.action == "stop" and _work_at_stop(observations, chosen.policy):
-                self.work_stops[key] = self.work_stops.get(key, 0) + 1
-        return result
-
-
 @dataclass
 class Figures:
     """One policy's figures over a set of notebooks."""
@@ -248,65 +181,117 @@ class Job:
     grouping: str | None
     restart_delay_minutes: float
     check_period_minutes: float | None
+    shard: int = 0  # this job replays the notebooks of this shard (kf_culler/replay/cohorts.py `shard_of`)
+    shards: int = 1
 
 
-def figures_of(result: ReplayResult, i: int, rule: SweptPolicy, grouping: str | None) -> dict[str, Figures]:
-    """Per group, the figures of rule i of a replay."""
-    out: dict[str, Figures] = {}
+@dataclass
+class Piece:
+    """One notebook's figures under one configuration, and its group."""
+
+    group: str
+    figures: Figures
+
+
+def pieces_of(result: ReplayResult, i: int, rule: SweptPolicy, grouping: str | None) -> dict[str, Piece]:
+    """Per notebook (in the replay's order), the figures of rule i of a replay."""
+    out: dict[str, Piece] = {}
     by_id: dict[str, list[float]] = {}
     for s in result.stops[i]:
         if s.truth in ("absent", "present") and s.idle_seconds is not None:
             by_id.setdefault(s.id, []).append(s.idle_seconds)
     for nb_id, tally in result.tallies[i].items():
         totals = result.notebooks[nb_id]
-        f = out.setdefault(group_of(grouping, nb_id, rule.rules.get(nb_id)), Figures())
-        f.reclaimed_gpu_h += tally.reclaimed_total_gpu_s / HOUR
-        f.held_gpu_h += tally.held_gpu_s / HOUR
-        f.baseline_gpu_h += totals.baseline_gpu_s / HOUR
-        f.session_days += totals.running_s / DAY
-        f.restarts += tally.restarts
-        f.stops += tally.stops
-        f.warnings += tally.warnings
-        f.interruptions += tally.interruptions if result.truth_known else rule.work_stops.get(nb_id, 0)
-        f.reclaim_delays_s.extend(by_id.get(nb_id, ()))
+        out[nb_id] = Piece(group_of(grouping, nb_id, rule.rules.get(nb_id)), Figures(
+            reclaimed_gpu_h=tally.reclaimed_total_gpu_s / HOUR, held_gpu_h=tally.held_gpu_s / HOUR,
+            baseline_gpu_h=totals.baseline_gpu_s / HOUR, session_days=totals.running_s / DAY,
+            restarts=tally.restarts, stops=tally.stops, warnings=tally.warnings,
+            interruptions=tally.interruptions if result.truth_known else rule.work_stops.get(nb_id, 0),
+            reclaim_delays_s=list(by_id.get(nb_id, ()))))
     return out
 
 
-def run_job(job: Job) -> tuple[bool, list[dict[str, Figures]]]:
-    """Replay one chunk of configurations in one pass over the trace: (ground truth known, per configuration
-    its figures per group). A top-level function, so a process pool can run it."""
-    rules: list[Contender] = [SweptPolicy(name, load_mapping(raw, f"sweep point {name}")) for name, raw in job.configs]
-    resources = rules[0].settings.policy.gpu_resources if isinstance(rules[0], ConfiguredPolicy) else (
-        "nvidia.com/gpu",)
-    result = replay(job.trace, rules, restart_delay_minutes=job.restart_delay_minutes,
-                    check_period_minutes=job.check_period_minutes, gpu_resources=resources)
-    return result.truth_known, [figures_of(result, i, r, job.grouping)
-                                for i, r in enumerate(rules) if isinstance(r, SweptPolicy)]
+def fold(pieces: Iterable[Piece]) -> dict[str, Figures]:
+    """Per group, the sum of the pieces (added in the order given)."""
+    out: dict[str, Figures] = {}
+    for piece in pieces:
+        out.setdefault(piece.group, Figures()).add(piece.figures)
+    return out
+
+
+def figures_of(result: ReplayResult, i: int, rule: SweptPolicy, grouping: str | None) -> dict[str, Figures]:
+    """Per group, the figures of rule i of a replay."""
+    return fold(pieces_of(result, i, rule, grouping).values())
+
+
+@dataclass
+class JobResult:
+    truth_known: bool
+    first_seen: dict[str, int]  # notebook id -> the index of its first record in the trace
+    pieces: list[dict[str, Piece]]  # per configuration, per notebook
+
+
+def run_job(job: Job) -> JobResult:
+    """Replay every configuration over one shard of the trace's notebooks, in one pass over the trace (the cohort
+    replay, kf_culler/replay/cohorts.py). A top-level function, so a process pool can run it."""
+    rules = [SweptPolicy(name, load_mapping(raw, f"sweep point {name}")) for name, raw in job.configs]
+    replayer = CohortReplay(rules, restart_delay_minutes=job.restart_delay_minutes,
+                            check_period_minutes=job.check_period_minutes,
+                            gpu_resources=rules[0].settings.policy.gpu_resources)
+    result = replayer.run(job.trace, shard=job.shard, shards=job.shards)
+    return JobResult(result.truth_known, replayer.first_seen,
+                     [pieces_of(result, i, r, job.grouping) for i, r in enumerate(rules)])
+
+
+def run_job_plainly(job: Job) -> JobResult:
+    """run_job through kf_culler/replay/simulate.py `replay`, each configuration checking each notebook on its own
+    (what the cohort replay must give, figure for figure), over the whole trace."""
+    rules = [SweptPolicy(name, load_mapping(raw, f"sweep point {name}")) for name, raw in job.configs]
+    contenders: list[Contender] = list(rules)
+    result = replay(job.trace, contenders, restart_delay_minutes=job.restart_delay_minutes,
+                    check_period_minutes=job.check_period_minutes, gpu_resources=rules[0].settings.policy.gpu_resources)
+    return JobResult(result.truth_known, {k: n for n, k in enumerate(result.notebooks)},
+                     [pieces_of(result, i, r, job.grouping) for i, r in enumerate(rules)])
+
+
+def combine(results: list[JobResult]) -> tuple[bool, list[dict[str, Figures]]]:
+    """The shards' results as one replay's: per configuration, its figures per group, summed notebook by notebook in
+    the order the notebooks first appear in the trace (so the sums are those of one pass over it)."""
+    first: dict[str, int] = {}
+    for r in results:
+        first.update(r.first_seen)
+    order = sorted(first, key=first.__getitem__)
+    n = len(results[0].pieces)
+    merged: list[dict[str, Figures]] = []
+    for i in range(n):
+        pieces: dict[str, Piece] = {}
+        for r in results:
+            pieces.update(r.pieces[i])
+        merged.append(fold(pieces[k] for k in order if k in pieces))
+    return all(r.truth_known for r in results), merged
 
 
 def evaluate(trace: str, configs: list[tuple[Point, dict[str, Any]]], *, grouping: str | None = None,
              restart_delay_minutes: float = 5, check_period_minutes: float | None = None, jobs: int = 1
              ) -> tuple[bool, list[Evaluated]]:
-    """Replay every configuration (a point and its mapping); with jobs > 1 the configurations are split into
-    that many chunks, each replayed in its own process (each reads the trace once)."""
-    jobs = max(1, min(jobs, len(configs)))
-    chunks = [configs[k::jobs] for k in range(jobs)]
-    work = [Job(trace, [(label(p), raw) for p, raw in chunk], grouping, restart_delay_minutes,
-                check_period_minutes) for chunk in chunks]
+    """Replay every configuration (a point and its mapping); with jobs > 1 the notebooks are split into that many
+    shards, each replayed in its own process (each reads the trace once, and replays its own notebooks)."""
+    jobs = max(1, jobs)
+    named = [(label(p), raw) for p, raw in configs]
+    work = [Job(trace, named, grouping, restart_delay_minutes, check_period_minutes, k, jobs) for k in range(jobs)]
     if jobs == 1:
         results = [run_job(work[0])]
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(run_job, work))
-    truth_known = all(known for known, _ in results)
-    by_index: dict[int, Evaluated] = {}
-    for k, (chunk, (_, per_config)) in enumerate(zip(chunks, results, strict=True)):
-        for j, ((point, _), groups) in enumerate(zip(chunk, per_config, strict=True)):
-            total = Figures()
-            for f in groups.values():
-                total.add(f)
-            by_index[k + j * jobs] = Evaluated(point, label(point), total, groups)
-    return truth_known, [by_index[i] for i in range(len(configs))]
+    truth_known, per_config = combine(results)
+    out = []
+    for (point, _), groups in zip(configs, per_config, strict=True):
+        total = Figures()
+        for f in groups.values():
+            total.add(f)
+        out.append(Evaluated(point, label(point), total, groups))
+    return truth_known, out
 
 
 def dominates(a: Figures, b: Figures) -> bool:

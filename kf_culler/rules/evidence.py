@@ -6,10 +6,10 @@ Which source speaks for the IDE (rule 4), what it and the GPU said or why they c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from kf_culler.config import Policy
 from kf_culler.ide import IdeKind, for_server_type
@@ -32,11 +32,30 @@ class GpuReading:
     working_now: bool
 
 
-def read_gpu(raw: object, policy: Policy) -> GpuReading:
-    samples = parse_gpu(raw)
-    work = [s.time for s in samples if works(s, policy)]
+def read_gpu(raw: object, policy: Policy, parsed: dict[str, object] | None = None) -> GpuReading:
+    samples = _parsed(parsed, "gpu", raw, parse_gpu)
+    util, mem = policy.gpu.util_percent, policy.gpu.memory_mib  # works(), read once
+    work = [s.time for s in samples if s.util_percent >= util and s.memory_mib >= mem]
     last_work = max(work) if work else None
     return GpuReading(samples, last_work, last_work or samples[0].time, works(samples[-1], policy))
+
+
+T = TypeVar("T")
+
+
+def _parsed(memo: dict[str, object] | None, key: str, raw: object, parse: Callable[[object], T]) -> T:
+    """parse(raw), or what it gave (or raised) for the same observations before, kept in memo under key."""
+    if memo is None:
+        return parse(raw)
+    found = memo.get(key)
+    if found is None:
+        try:
+            found = memo[key] = (parse(raw),)
+        except Unreadable as err:
+            found = memo[key] = err
+    if isinstance(found, Unreadable):
+        raise Unreadable(str(found))
+    return cast(tuple[T], found)[0]
 
 
 @dataclass(frozen=True)
@@ -80,13 +99,13 @@ def _past(t: datetime | None, now: datetime) -> datetime | None:
 
 
 def _read_ide(kind: IdeKind | None, stype: str, observations: dict[str, Any],
-              record: dict[str, Any]) -> tuple[IdeReading | None, str | None]:
+              record: dict[str, Any], parsed: dict[str, object] | None) -> tuple[IdeReading | None, str | None]:
     if kind is None:  # not reached: an unknown server type is read as Jupyter (SessionView.server_type)
         return None, f"unknown server type {stype!r}"
     if kind.source not in observations:
         return None, f"{kind.name} was not asked"
     try:
-        ide = kind.parse(observations[kind.source])
+        ide = _parsed(parsed, kind.source, observations[kind.source], kind.parse)
     except Unreadable as err:
         record[kind.source] = {"read": False, "error": str(err)}
         return None, f"could not read {kind.name}: {err}"
@@ -95,7 +114,7 @@ def _read_ide(kind: IdeKind | None, stype: str, observations: dict[str, Any],
 
 
 def _read_gpu(gpus: int, observations: dict[str, Any], policy: Policy,
-              record: dict[str, Any]) -> tuple[GpuReading | None, str | None]:
+              record: dict[str, Any], parsed: dict[str, object] | None) -> tuple[GpuReading | None, str | None]:
     if gpus == 0 and "gpu" not in observations:
         return None, None
     if "gpu" not in observations:  # no GPU source is configured (the culler asks one whenever there is)
@@ -106,7 +125,7 @@ def _read_gpu(gpus: int, observations: dict[str, Any], policy: Policy,
         return None, "no GPU metrics source is configured (gpuWithoutMetrics: keep)"
     raw = observations["gpu"]
     try:
-        gpu = read_gpu(raw, policy)
+        gpu = read_gpu(raw, policy, parsed)
     except Unreadable as err:
         record["gpu"] = {"read": False, "error": str(err)}
         # a CPU notebook needs no GPU evidence
@@ -145,14 +164,16 @@ def _clock(view: SessionView, ide: IdeReading | None, gpu: GpuReading | None, no
     return Clock(started, since, min(max(work + connections), now), min(max(work), now))
 
 
-def read_evidence(view: SessionView, observations: dict[str, Any], policy: Policy, now: datetime) -> Evidence:
-    """Read every source once (rules 4, 6, 7, 8). Never raises for a broken observation."""
+def read_evidence(view: SessionView, observations: dict[str, Any], policy: Policy, now: datetime,
+                  parsed: dict[str, object] | None = None) -> Evidence:
+    """Read every source once (rules 4, 6, 7, 8). Never raises for a broken observation. `parsed`: a memo for
+    decisions on these same observations (one dict per observations object): each source is parsed once."""
     kind = for_server_type(view.server_type)
     ide_source = kind.source if kind is not None else None
     record: dict[str, Any] = {}
     for key in SOURCES:
         if key in observations and key not in (ide_source, "gpu"):
             record[key] = {"ignored": f"not the source for server type {view.server_type!r}"}
-    ide, ide_problem = _read_ide(kind, view.server_type, observations, record)
-    gpu, gpu_problem = _read_gpu(view.gpus, observations, policy, record)
+    ide, ide_problem = _read_ide(kind, view.server_type, observations, record, parsed)
+    gpu, gpu_problem = _read_gpu(view.gpus, observations, policy, record, parsed)
     return Evidence(view, kind, ide, ide_problem, gpu, gpu_problem, _clock(view, ide, gpu, now), record)

@@ -197,8 +197,9 @@ def ide_busy(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
     """Rule 5, positive evidence: a busy kernel or session, unless busyKernelGpuIdleMinutes says it hung."""
     if ev.ide is None or ev.ide_kind is None or not ev.ide.busy:
         return None
-    limit = policy.busy_kernel_gpu_idle_minutes
-    if ev.gpu is not None and limit is not None and now >= add_minutes(min(ev.gpu.idle_since, now), limit):
+    # the policy is read only where it matters (so a sweep sees which policies decide alike: replay/shared_decide.py)
+    if ev.gpu is not None and (limit := policy.busy_kernel_gpu_idle_minutes) is not None and \
+            now >= add_minutes(min(ev.gpu.idle_since, now), limit):
         return None
     return _verdict(ev, "keep", "active", f"{ev.ide_kind.busy_words}.", "5-positive-evidence")
 
@@ -227,8 +228,10 @@ def _gpu_idle_stop(ev: Evidence, policy: Policy) -> tuple[datetime, datetime] | 
     metrics show no work; None when the rule does not apply. The GPU's idle time runs from the latest of the
     last work, the pod's start and the recorded restart (`Clock.started`), and only as far back as samples
     cover it (GpuReading.idle_since)."""
+    if ev.ide_problem is None or ev.gpu is None or not ev.view.gpu_notebook:
+        return None
     limit = policy.no_signal_gpu_idle_limit
-    if limit is None or ev.ide_problem is None or ev.gpu is None or not ev.view.gpu_notebook:
+    if limit is None:
         return None
     since = max(ev.gpu.idle_since, _clock(ev).started)
     return since, add_minutes(since, limit)
@@ -305,7 +308,7 @@ def connected(ev: Evidence, policy: Policy, now: datetime) -> Verdict | None:
     """Rule 9, connected is not active: kept, unless connectedGpuIdleMinutes may reclaim its GPU."""
     if ev.ide is None or ev.ide_kind is None or not ev.ide.connected:
         return None
-    if policy.connected_gpu_idle_minutes is not None and ev.gpu is not None:
+    if ev.gpu is not None and policy.connected_gpu_idle_minutes is not None:
         return None
     clock = _clock(ev)
     return _verdict(ev, "keep", "connected", f"{ev.ide_kind.connected_words}; connected sessions are kept.",
@@ -454,9 +457,15 @@ def _named_unknown(ev: Evidence, verdict: Verdict) -> Verdict:
                    "knows; the notebook was probed as Jupyter, Kubeflow's default.)")
 
 
-def decide_view(view: SessionView, observations: dict[str, Any], policy: Policy, now: datetime) -> Verdict:
-    """The verdict for a notebook already unwrapped into its view (what a pass builds once)."""
-    ev = read_evidence(view, observations, policy, now)
+def decide_view(view: SessionView, observations: dict[str, Any], policy: Policy, now: datetime, *,
+                parsed: dict[str, object] | None = None) -> Verdict:
+    """The verdict for a notebook already unwrapped into its view (what a pass builds once). `parsed`: where
+    decisions on the same observations keep what their sources parse into (read_evidence)."""
+    return decide_evidence(read_evidence(view, observations, policy, now, parsed), policy, now)
+
+
+def decide_evidence(ev: Evidence, policy: Policy, now: datetime) -> Verdict:
+    """The rules over evidence already read (`read_evidence`): decide_view's second half."""
     for entry in RULES:
         verdict = entry.check(ev, policy, now)
         if verdict is not None:

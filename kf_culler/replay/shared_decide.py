@@ -1,0 +1,147 @@
+"""One `decide` call for every policy that would decide alike: the sweep's shared decisions.
+
+`decide_view(view, observations, policy, now)` is a pure function, and it reads the policy only through its
+attributes. It is run here with the policy behind a proxy that notes every attribute read and the value it
+gave (a nested setting, such as `policy.gpu`, gives a proxy of its own). Run on the same view, observations
+and time, a policy that gives the same value at every one of those reads takes the same path through
+`decide` and gets the same verdict: nothing else it holds was looked at. So the policies of a sweep that
+check one notebook at one record are sorted by the values they give at the reads of a first call; those
+that give the first call's values share its verdict, and each other set gets a call of its own (and is
+sorted again by that call's reads). The evidence (kf_culler/rules/evidence.py `read_evidence`, decide's first
+half) is kept the same way: read once, with the reads it made, and given to every later call whose policy gives
+the same values there; only the rules (`decide_evidence`) run again. The rules stay in `decide` alone; nothing
+here knows them.
+
+A policy read that is a method (not a value) cannot be compared: then every policy gets its own call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, cast
+
+from pydantic import BaseModel
+
+from kf_culler.config import Policy
+from kf_culler.model import Verdict
+from kf_culler.rules import decide_view
+from kf_culler.rules.evidence import Evidence, read_evidence
+from kf_culler.rules.table import decide_evidence
+from kf_culler.session import SessionView
+
+Path = tuple[str, ...]
+Reads = tuple[tuple[Path, ...], tuple[object, ...]]  # the paths read, in order, and the (type, value) of each
+
+
+class _Opaque(Exception):
+    """decide used something of the policy that is not a plain value."""
+
+
+class _Reading:
+    """A policy (or one of its nested settings) that notes every attribute read through it."""
+
+    __slots__ = ("_log", "_obj", "_path")
+
+    def __init__(self, obj: BaseModel, path: Path, log: list[tuple[Path, object]]) -> None:
+        self._obj, self._path, self._log = obj, path, log
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._obj, name)
+        path = (*self._path, name)
+        if isinstance(value, BaseModel):
+            return _Reading(value, path, self._log)
+        if callable(value):
+            raise _Opaque(".".join(path))
+        self._log.append((path, (type(value), value)))
+        return value
+
+
+def value_at(policy: Policy, path: Path) -> object:
+    """What reading path of policy gives, as the proxy notes it."""
+    obj: Any = policy
+    for name in path:
+        obj = getattr(obj, name)
+    return (type(obj), obj)
+
+
+class Evidences:
+    """The evidence read for one notebook's observations at one time, kept with the policy reads reading it made:
+    a policy that gives the same values at those reads reads the same evidence (read_evidence is pure)."""
+
+    def __init__(self) -> None:
+        self.parsed: dict[str, object] = {}  # each source parsed once (decide_view's `parsed`)
+        self.read: list[tuple[tuple[Path, ...], tuple[object, ...], Evidence]] = []
+
+    def of(self, policy: Policy) -> tuple[tuple[Path, ...], tuple[object, ...], Evidence] | None:
+        for paths, values, ev in self.read:
+            if tuple(value_at(policy, p) for p in paths) == values:
+                return paths, values, ev
+        return None
+
+
+def traced_decide(view: SessionView, observations: dict[str, Any], policy: Policy, now: datetime,
+                  evidences: Evidences | None = None) -> tuple[Verdict, Reads | None]:
+    """decide_view's verdict, and the policy reads it made (None when one could not be compared). `evidences`:
+    what earlier calls on the same view, observations and time read."""
+    evidences = evidences if evidences is not None else Evidences()
+    log: list[tuple[Path, object]] = []
+    reading = cast(Policy, _Reading(policy, (), log))
+    try:
+        found = evidences.of(policy)
+        if found is None:
+            ev = read_evidence(view, observations, reading, now, evidences.parsed)
+            evidences.read.append((tuple(p for p, _ in log), tuple(v for _, v in log), ev))
+        else:
+            paths, values, ev = found
+            log.extend(zip(paths, values, strict=True))
+        verdict = decide_evidence(ev, reading, now)
+    except _Opaque:
+        return decide_view(view, observations, policy, now, parsed=evidences.parsed), None
+    return verdict, (tuple(p for p, _ in log), tuple(v for _, v in log))
+
+
+class Signatures:
+    """The policies of a list sorted by the values they give at a set of reads, kept (a policy's values never
+    change; the policies are the sweep's, alive while it runs)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple[tuple[int, ...], tuple[Path, ...]], dict[tuple[object, ...], list[int]]] = {}
+
+    def partition(self, policies: Sequence[Policy], paths: tuple[Path, ...]) -> dict[tuple[object, ...], list[int]]:
+        """values -> the positions in policies of those that give them at paths."""
+        key = (tuple(map(id, policies)), paths)
+        found = self._parts.get(key)
+        if found is None:
+            found = {}
+            for i, policy in enumerate(policies):
+                found.setdefault(tuple(value_at(policy, p) for p in paths), []).append(i)
+            self._parts[key] = found
+        return found
+
+
+def shared_verdicts(view: SessionView, observations: dict[str, Any], policies: Sequence[Policy], now: datetime,
+                    signatures: Signatures) -> tuple[list[tuple[Verdict, list[int]]], int]:
+    """The verdicts of policies for one notebook (its view and observations) at now, each exactly as decide_view
+    gives it, with the positions in policies of those it is for; and the number of decide calls made."""
+    out: list[tuple[Verdict, list[int]]] = []
+    pending = set(range(len(policies)))
+    calls = 0
+    evidences = Evidences()  # each source parsed, and the evidence read, once for all these decisions
+    while pending:
+        first = min(pending)
+        verdict, reads = traced_decide(view, observations, policies[first], now, evidences)
+        calls += 1
+        if reads is None:
+            out.append((verdict, [first]))
+            for i in sorted(pending - {first}):
+                out.append((decide_view(view, observations, policies[i], now, parsed=evidences.parsed), [i]))
+                calls += 1
+            break
+        paths, values = reads
+        same = [i for i in signatures.partition(policies, paths).get(values, ()) if i in pending]
+        if first not in same:  # not reached: a policy gives its own values
+            same.append(first)
+        pending.difference_update(same)
+        out.append((verdict, same))
+    return out, calls
