@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from kf_culler.kube.cache import _slim_notebook, _slim_pod
 from kf_culler.scenario import verdict_for_document
+from kf_culler.targets.fields import pod_fields as _slim_pod
+from kf_culler.targets.notebooks import notebook_fields as _slim_notebook
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = sorted((HERE.parents[1] / "shared" / "scenarios").glob("*.json")) + sorted(
