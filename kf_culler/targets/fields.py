@@ -4,8 +4,9 @@ rules, the pairing and the writer read and nothing else. The projections of the 
 watch (pods, StatefulSets, Services) are here; each target module has those of its own sessions.
 tests/test_cache_fields.py checks that every rule decides the same on the projections as on the whole objects.
 
-A string that thousands of objects repeat (a namespace, a kind, an apiVersion) is kept once (`sys.intern`):
-a decoded JSON answer makes a new string of each. Pure."""
+A string that thousands of objects repeat is kept once (`sys.intern`): a namespace, a kind, an apiVersion, a
+resource name, and the names, uids and labels that a Notebook, its StatefulSet, pod and Service repeat (a
+decoded JSON answer makes a new string of each). Pure."""
 
 from __future__ import annotations
 
@@ -21,17 +22,30 @@ CONTAINER_KEYS = ("name", "image", "resources")
 INIT_CONTAINER_KEYS = ("name", "image", "resources", "restartPolicy")
 SESSION_META = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
                 "deletionTimestamp", "labels", "annotations")
-_SHARED = ("namespace", "apiVersion", "kind")  # values many objects repeat
+SHORT = 253  # the longest name; a longer string is not looked for elsewhere
 
 
 def shared(value: Any) -> Any:
     """The one copy of a string many objects repeat."""
-    return sys.intern(value) if type(value) is str else value
+    return sys.intern(value) if type(value) is str and len(value) <= SHORT else value
+
+
+def strings(value: Any, depth: int = 2) -> Any:
+    """A map of strings (labels, a selector, a container's resources: maps of maps) with its keys and values
+    kept once each."""
+    if type(value) is dict and depth > 0:
+        return {shared(k): strings(v, depth - 1) for k, v in value.items()}
+    return shared(value)
+
+
+# Keys whose values other objects repeat: kept once (`shared`); labels and selectors (`strings`).
+_SHARED = frozenset(("namespace", "apiVersion", "kind", "name", "uid", "type"))
+_MAPS = frozenset(("labels", "selector", "resources"))
 
 
 def pick(obj: object, keys: tuple[str, ...]) -> dict[str, Any]:
     d = _dict(obj)
-    return {k: (shared(d[k]) if k in _SHARED else d[k]) for k in keys if k in d}
+    return {k: (shared(d[k]) if k in _SHARED else strings(d[k]) if k in _MAPS else d[k]) for k in keys if k in d}
 
 
 def controller_ref(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -46,8 +60,7 @@ def containers_fields(pod_spec: Mapping[str, Any]) -> dict[str, Any]:
     init container's restartPolicy: rule 17)."""
     def some(key: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
         found = pod_spec.get(key)
-        return [{k: c[k] for k in keys if k in c} for c in (found if isinstance(found, list) else [])
-                if isinstance(c, dict)]
+        return [pick(c, keys) for c in (found if isinstance(found, list) else []) if isinstance(c, dict)]
 
     out: dict[str, Any] = {"containers": some("containers", CONTAINER_KEYS)}
     if isinstance(pod_spec.get("initContainers"), list):
