@@ -25,7 +25,7 @@ from kf_culler.targets import TARGETS, Scope, Seen, Target, Watched, kind_of, ta
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
 LIST_PAGE = 500  # objects per list request at most (as kubectl pages, --chunk-size=500)
-STREAM_CHUNK = 256 * 1024  # a list answer is read in chunks this size and split into its items as it comes
+STREAM_CHUNK = 64 * 1024  # a list answer is read in chunks this size and split into its items as it comes
 # Collections of which the culler reads metadata only (`Watched.metadata_only`: StatefulSets, their owner): the
 # API server sends PartialObjectMetadata, never the pod template, which the notebook-controller copies from the
 # Notebook.

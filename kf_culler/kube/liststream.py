@@ -7,8 +7,9 @@ the culler holds one object's JSON and what it keeps of the others.
 
 The answer's outer object is walked here (its keys, the `items` array's brackets and commas); every value,
 each item among them, is decoded by the standard library's C decoder (`JSONDecoder.raw_decode`) where it
-starts. An item not yet whole fails to decode and is tried again once the text after its start has doubled
-(so an item cut into many small chunks costs at most twice its decoding), or when the answer ends.
+starts. An item that a chunk's end cuts fails to decode; its end is then found by scanning its text for
+brackets outside strings as the next chunks come, and it is decoded once, whole (its text kept in parts until
+then, never copied chunk after chunk).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 _WS = re.compile(r"[ \t\n\r]*")
+_SPECIAL = re.compile(r'[\\"{}\[\]]')
 _DECODER = json.JSONDecoder()
 
 
@@ -38,9 +40,54 @@ class ListSplitter:
         self._key = ""
         self._wait = 0  # a failed decode is tried again once the text is this long (or the answer ended)
         self._shell: dict[str, Any] = {}
+        # An item cut by a chunk's end: its text so far, and where the scan for its end is (bracket depth,
+        # inside a string, after a backslash).
+        self._parts: list[str] | None = None
+        self._depth, self._in_string, self._escaped = 0, False, False
+
+    def _scan(self, text: str) -> int | None:
+        """Where in `text` the cut item ends (the index after its closing brace), or None: not in it."""
+        i, n = 0, len(text)
+        if self._escaped and n:
+            self._escaped, i = False, 1
+        while True:
+            m = _SPECIAL.search(text, i)
+            if m is None:
+                return None
+            j = m.start()
+            c, i = text[j], j + 1
+            if self._in_string:
+                if c == "\\":
+                    if j + 1 >= n:
+                        self._escaped = True
+                        return None
+                    i = j + 2
+                elif c == '"':
+                    self._in_string = False
+            elif c == '"':
+                self._in_string = True
+            elif c in "{[":
+                self._depth += 1
+            else:
+                self._depth -= 1
+                if self._depth == 0:
+                    return i
 
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
         text = self._utf8.decode(chunk)
+        if self._parts is not None:  # inside a cut item
+            end = self._scan(text)
+            if end is None:
+                self._parts.append(text)
+                return []
+            self._parts.append(text[:end])
+            whole, self._parts = "".join(self._parts), None
+            obj = json.loads(whole)
+            del whole
+            # What follows it is walked with the next chunk: the item is handed on (and dropped) first.
+            self._state = "next"
+            self._text, self._pos, self._wait = text[end:], 0, 0
+            return [obj]
         self._text = self._text[self._pos:] + text if self._pos else self._text + text
         self._wait = max(0, self._wait - self._pos)
         self._pos = 0
@@ -48,6 +95,8 @@ class ListSplitter:
 
     def finish(self) -> list[dict[str, Any]]:
         """The items left once the answer has ended."""
+        if self._parts is not None:
+            raise ValueError("the list answer ended inside its items")
         self._text = self._text[self._pos:] + self._utf8.decode(b"", final=True)
         self._pos, self._wait = 0, 0
         return self._walk(final=True)
@@ -124,8 +173,14 @@ class ListSplitter:
             elif state in ("first", "item"):
                 if c != "{":
                     raise ValueError("a list's items must be objects")
+                self._wait = 0
                 obj, whole = self._value(final)
-                if not whole:
+                if not whole:  # cut by the chunk's end: found by scanning as the next chunks come
+                    rest = text[self._pos:]
+                    self._depth, self._in_string, self._escaped = 0, False, False
+                    if self._scan(rest) is not None:
+                        raise ValueError("a list's item is not valid JSON")
+                    self._parts, self._text, self._pos = [rest], "", 0
                     return out
                 out.append(obj)
                 self._state = "next"
