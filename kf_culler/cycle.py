@@ -169,7 +169,7 @@ class Cycle:
     # The culler's own record of each notebook (rule 15); None: no record is read or written (every notebook
     # is one the culler has no record of).
     records: RecordStore | None = None
-    # Why a notebook's Service cannot be trusted to reach its own pod (kf_culler/kube/pairing.py), when the
+    # Why a notebook's Service cannot be trusted to reach its own pod (kf_culler/targets/pairing.py), when the
     # probe URL goes through the Service; None: not checked.
     service_problem: Callable[[dict[str, Any]], str | None] | None = None
     # What the culler confirmed keeps its probes out of a namespace (rule 16's accessProblem), or None.
@@ -177,7 +177,7 @@ class Cycle:
     # The Node of a name (its GPU model label, rule 17), when the culler reads Nodes; None: it does not.
     nodes: Callable[[object], dict[str, Any] | None] | None = None
     # A Workspace's IDE endpoint, (Service, port, path), or why it cannot be reached safely
-    # (kf_culler/kube/cache.py `workspace_endpoint`); None: Workspaces are not probed.
+    # (kf_culler/targets/workspaces.py `WorkspaceTarget.endpoint`); None: Workspaces are not probed.
     endpoint: Callable[[dict[str, Any]], tuple[str, int, str] | str] | None = None
     # This pass's prober tokens and TLS context for workbenches behind kube-rbac-proxy (probe.authProxy,
     # kf_culler/kube/prober.py), for the namespaces given, by namespace; None: those probes report that there is

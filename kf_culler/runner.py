@@ -21,7 +21,6 @@ from kf_culler.kube.brakes import released_at
 from kf_culler.kube.cache import ClusterCache
 from kf_culler.kube.coder import CoderWriter
 from kf_culler.kube.istio import PolicyKeeper
-from kf_culler.kube.pairing import Orphan
 from kf_culler.kube.prober import ProberTokens
 from kf_culler.kube.records import RecordStore
 from kf_culler.kube.writer import Writer
@@ -32,6 +31,7 @@ from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.coder import CoderClient, CoderError
 from kf_culler.targets import CODER, target_of
 from kf_culler.targets.coder import coder_items, unread
+from kf_culler.targets.pairing import Orphan
 from kf_culler.timeutil import format_time
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class Runner:
     # Where the culler keeps its record of notebooks (kf_culler/kube/records.py); None: `own_namespace()`.
     records_namespace: str | None = None
     records: RecordStore | None = None
-    # GPU pods named like a notebook's that a stop would not remove (kf_culler/kube/pairing.py), after the last pass.
+    # GPU pods named like a notebook's that a stop would not remove (kf_culler/targets/pairing.py), after the last pass.
     gpu_orphans: list[Orphan] = field(default_factory=list)
     _orphans_told: set[str] = field(default_factory=set)
     # Pods whose GPU series contradict each other (a forged series), after the last pass: (namespace, pod, what).
@@ -203,7 +203,7 @@ class Runner:
             records=self.records if cache is not None else None,
             nodes=cache.node if cache is not None and cache.reads_nodes else None,
             service_problem=cache.service_problem if cache is not None else None,
-            endpoint=cache.workspace_endpoint if cache is not None and cache.workspaces else None,
+            endpoint=cache.endpoint if cache is not None and cache.endpoints else None,
             probe_auth=self._prober().get if self.settings.operations.probe.auth_proxy.enabled else None,
             access_problem=self.policies.access_problem if self.policies is not None and self.policies.enabled
             else None,
@@ -257,8 +257,8 @@ class Runner:
             if self.coder_listed is None:
                 return []
             return [(unread(s, f"Coder could not be read: {err}"), pod) for s, pod in
-                    coder_items(self.coder_listed, namespace, self.cache.coder_pods(), now)]
-        return coder_items(self.coder_listed, namespace, self.cache.coder_pods(), now)
+                    coder_items(self.coder_listed, namespace, self.cache.objects("pods").values(), now)]
+        return coder_items(self.coder_listed, namespace, self.cache.objects("pods").values(), now)
 
     def _check_coder_user(self, client: CoderClient) -> None:
         """Once: say loudly when the token is not a Coder Owner's (it lists only what it may read, and stop

@@ -14,7 +14,6 @@ from test_e2e_cull import router, servers, settings_for, wait_cache  # noqa: F40
 
 from kf_culler import cli
 from kf_culler.config import load_mapping
-from kf_culler.kube.cache import _slim_pod
 from kf_culler.local import objects as obj
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
@@ -31,6 +30,7 @@ from kf_culler.runner import Runner
 from kf_culler.service import instrument
 from kf_culler.session import pod_trouble
 from kf_culler.stopped import long_stopped, stopped_since
+from kf_culler.targets.fields import pod_fields as _slim_pod
 from kf_culler.timeutil import format_time
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -1,7 +1,8 @@
 """The watch cache keeps exactly the fields the rules read: every scenario (the shared spec's and ours)
-decides the same on the Notebook and pod as the cache keeps them (kf_culler/kube/cache.py `_slim_notebook`,
-`_slim_pod`) as on the whole objects. A rule that starts reading a field the cache drops passes the scenarios
-and sees nothing in the running culler; this test is where that shows."""
+decides the same on the Notebook and pod as the cache keeps them (kf_culler/targets/notebooks.py
+`notebook_fields`, kf_culler/targets/fields.py `pod_fields`) as on the whole objects. A rule that starts reading
+a field the cache drops passes the scenarios and sees nothing in the running culler; this test is where that
+shows."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from kf_culler.kube.cache import _slim_notebook, _slim_pod
 from kf_culler.scenario import verdict_for_document
+from kf_culler.targets.fields import pod_fields as _slim_pod
+from kf_culler.targets.notebooks import notebook_fields as _slim_notebook
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = sorted((HERE.parents[1] / "shared" / "scenarios").glob("*.json")) + sorted(

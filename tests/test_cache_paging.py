@@ -83,7 +83,7 @@ def test_huge_notebooks_and_their_statefulsets_are_never_held_whole(api: Any, na
         assert cache.wait_synced(60)
         _, peak = tracemalloc.get_traced_memory()
         owners = {s["metadata"]["name"]: s["metadata"]["ownerReferences"][0]["kind"]
-                  for c in cache.statefulsets for s in c.snapshot().values()}
+                  for s in cache.objects("statefulsets").values()}
         notebooks = {nb["metadata"]["name"] for nb, _ in cache.snapshot()}
     finally:
         tracemalloc.stop()

@@ -48,3 +48,19 @@ def test_an_answer_cut_inside_its_items_is_an_error() -> None:
     splitter.feed(raw[: len(raw) // 2])
     with pytest.raises(ValueError):
         splitter.rest()
+
+
+@pytest.mark.parametrize("size", [1, 2, 5])
+def test_numbers_and_literals_cut_by_a_chunk(size: int) -> None:
+    """A number, true, false or null at a chunk's end may go on in the next chunk: it is waited for."""
+    raw = b'{"count": 12345, "ok": true, "none": null, "f": -1.5e3, "items": [{"a": 1}, {"b": [2, 30]}], "n": 678}'
+    chunks = [raw[i:i + size] for i in range(0, len(raw), size)]
+    items, splitter = list_items(chunks)
+    assert list(items) == [{"a": 1}, {"b": [2, 30]}]
+    assert splitter.rest() == {"count": 12345, "ok": True, "none": None, "f": -1500.0, "items": [], "n": 678}
+
+
+def test_an_item_that_is_not_an_object_is_an_error() -> None:
+    items, _ = list_items([b'{"items": [{"a": 1}, "x"]}'])
+    with pytest.raises(ValueError):
+        list(items)

@@ -11,12 +11,12 @@ import pytest
 from kubernetes import client
 
 from kf_culler.config import load_mapping
-from kf_culler.kube.pairing import pair
 from kf_culler.local import objects as obj
 from kf_culler.metrics import Metrics
 from kf_culler.plan import EVENT_ORPHAN
 from kf_culler.runner import Runner
 from kf_culler.service import instrument
+from kf_culler.targets.pairing import pair
 
 
 def _nb(name: str, uid: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

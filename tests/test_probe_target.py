@@ -14,9 +14,9 @@ import pytest
 from kubernetes import client
 
 from kf_culler.config import load_mapping
-from kf_culler.kube.pairing import service_problem
 from kf_culler.local import objects as obj
 from kf_culler.runner import Runner
+from kf_culler.targets.pairing import service_problem
 
 
 def _nb(name: str = "nb", uid: str = "u1") -> dict[str, Any]:

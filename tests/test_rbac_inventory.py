@@ -11,7 +11,8 @@ was run. Its over-approximations, each said where it is made:
   - the custom-object calls whose group and plural are not constants (kf_culler/kube/writer.py's patch and
     re-read, whatever session kind it stops) count for every session kind the culler reads from the API
     server (kf_culler/targets/: Notebooks, Workspaces, Deployments, StatefulSets);
-  - a list function handed to the cache (kf_culler/kube/cache.py) is listed, then watched.
+  - a list function handed to the cache (kf_culler/kube/cache.py) is listed, then watched, and so is every
+    collection a target asks the cache for (`Target.watches`, with every workload kind and a Coder namespace).
 Resource names (`resourceNames`) and namespaces are not compared: a rule with either still grants its verb.
 """
 
@@ -32,7 +33,7 @@ import yaml
 from support.kustomize import render
 
 from kf_culler import targets as targets_module
-from kf_culler.targets import Target
+from kf_culler.targets import ALL, Scope, Target
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kf_culler"
@@ -185,6 +186,12 @@ def code_uses() -> dict[Triple, set[str]]:
                     found |= {(g, r, "watch") for g, r, v in found if v == "list"}
                 for t in found:
                     out.setdefault(t, set()).add(where)
+    # The collections the targets ask the cache for: it lists and watches each (kf_culler/kube/cache.py `_lister`).
+    scope = Scope(workload_kinds=("Deployment", "StatefulSet"), coder_namespace="coder")
+    for target in ALL:
+        for w in target.watches(scope):
+            for verb in ("list", "watch"):
+                out.setdefault((w.group, w.plural, verb), set()).add(f"kf_culler/kube/cache.py:{target.name}")
     return out
 
 

@@ -19,10 +19,10 @@ PACKAGE = ROOT / "kf_culler"
 # Modules that may still name a target: the local components (demo and tests' clusters), the synthetic fleet,
 # trace recorder and NotebookOS converter (they make Notebook objects), the Coder target's stopper (its I/O
 # beside the writer), and
-# the ones that still choose by target: the cache's collections per target and the runner's Coder client.
+# the one that still chooses by target: the runner's Coder client.
 ALLOWED = ("targets/", "local/", "demo", "replay/fleet.py", "replay/recorder.py",
            "replay/notebookos.py", "kube/coder.py",
-           "kube/cache.py", "runner.py")
+           "runner.py")
 CONSTANTS = re.compile(r"\b(NOTEBOOKS|WORKSPACES|DEPLOYMENTS|STATEFULSETS|WORKLOADS|CODER)\b")
 KIND_LITERAL = re.compile(r"kind\W.*[\"'](Notebook|Workspace|CoderWorkspace)[\"']")
 CHAINS = re.compile(r"target_of\([^)]*\)\s+(is|in|not in)\b|\.kind\s*[!=]=\s*[A-Za-z_.]*\.kind\b")

@@ -104,14 +104,21 @@ class Stored:
         self.latest = _latest(record)
 
 
-def read_buckets(configmaps: Iterable[dict[str, Any]]) -> dict[str, Stored]:
+def read_buckets(configmaps: Iterable[dict[str, Any]],
+                 known: Mapping[str, tuple[str, Stored]] | None = None) -> dict[str, Stored]:
     """uid -> record from the buckets' ConfigMaps; a value that is not a record is skipped and logged (the
-    import markers are not records). A `name` stored by an older version is read and dropped."""
+    import markers are not records). A `name` stored by an older version is read and dropped. A value as it was
+    in `known` (uid -> (its text, its record): the last read's, `texts`) is not decoded again."""
     out: dict[str, Stored] = {}
+    known = known or {}
     for cm in configmaps:
         data = cm.get("data")
         for uid, text in (data.items() if isinstance(data, dict) else ()):
             if str(uid).startswith(IMPORTED_PREFIX):
+                continue
+            seen = known.get(uid)
+            if seen is not None and seen[0] == text:
+                out[uid] = seen[1]
                 continue
             try:
                 raw = json.loads(text)
@@ -123,6 +130,17 @@ def read_buckets(configmaps: Iterable[dict[str, Any]]) -> dict[str, Stored]:
                 continue
             if record is not None and isinstance(ns, str):
                 out[uid] = Stored(ns, record, len(str(uid).encode()) + len(str(text).encode()))
+    return out
+
+
+def texts(configmaps: Iterable[dict[str, Any]], records: Mapping[str, Stored]) -> dict[str, tuple[str, Stored]]:
+    """uid -> (its text, its record) of the `records` read from these ConfigMaps (`read_buckets`' `known`)."""
+    out: dict[str, tuple[str, Stored]] = {}
+    for cm in configmaps:
+        data = cm.get("data")
+        for uid, text in (data.items() if isinstance(data, dict) else ()):
+            if uid in records:
+                out[uid] = (text, records[uid])
     return out
 
 
@@ -214,6 +232,7 @@ class RecordStore:
         self.namespace = namespace
         self.budget, self.per_namespace = budget, per_namespace
         self.records: dict[str, Stored] = {}
+        self._texts: dict[str, tuple[str, Stored]] = {}  # each record's stored text, as the last load read it
         self._buckets: dict[str, dict[str, Stored]] = {}  # the same records by bucket
         self._pending: dict[str, dict[str, Row]] = {}  # bucket -> uid -> what to write
         self._written: dict[str, Stored | None] = {}  # what this process wrote since the last load
@@ -230,7 +249,8 @@ class RecordStore:
         """The records as the watch has them now, overlaid with what this process wrote since the last load
         and what it has yet to write (the watch may not have delivered those yet)."""
         configmaps = list(configmaps)
-        fresh = read_buckets(configmaps)
+        fresh = read_buckets(configmaps, self._texts)  # a record unchanged since the last load is not decoded
+        self._texts = texts(configmaps, fresh)
         others = read_others(configmaps, fresh)
         with self._lock:
             self.imported |= read_imported(configmaps)

@@ -1,13 +1,15 @@
-"""What every target is: the descriptor (`Target`), a session's key (`SessionKey`) and the helpers over API
-objects that several targets share (ownership, a pod's GPUs). Pure."""
+"""What every target is: the descriptor (`Target`), what it asks the watch cache for (`Watched`, `Scope`) and
+what the cache hands its pairing (`Seen`), a session's key (`SessionKey`) and the helpers over API objects that
+several targets share (ownership, a pod's GPUs). Pure: a target describes, kf_culler/kube/cache.py lists and
+watches."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from kf_culler.errors import InputError
@@ -22,6 +24,70 @@ BARE_KIND = "Notebook"
 # through the Service named like it with `urls.workload` (`workload`), or not probed: its signal comes with the
 # session's own listing (`carried`).
 Reach = Literal["service", "endpoint", "workload", "carried"]
+
+
+Item = tuple[dict[str, Any], "dict[str, Any] | None"]  # a session and its pod (None: it has none)
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A collection a target asks the watch cache to list and watch (kf_culler/kube/cache.py does the I/O, in
+    every namespace the culler reads or cluster-wide): the API path's parts, and what of each object is kept.
+    Targets that ask for one collection (by `name`) ask for it alike; the cache keeps an object any of their
+    `keep` takes."""
+
+    name: str  # how pairing names it (`Seen`): "pods", "statefulsets", "services", a target's own sessions...
+    group: str  # "" for the core API (/api/v1)
+    version: str
+    plural: str
+    # What of each object is kept (kf_culler/targets/fields.py): None drops the object.
+    project: Callable[[dict[str, Any]], dict[str, Any] | None]
+    keep: Callable[[Mapping[str, Any]], bool] | None = None  # which objects are kept (None: every one)
+    metadata_only: bool = False  # only metadata is read: listed and watched as PartialObjectMetadata
+    cluster_scoped: bool = False
+    # The kind of the sessions it holds, for a target's own (a session the culler writes is kept as written).
+    session_kind: str | None = None
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What of the admin's configuration decides what the targets watch: the workload kinds and which
+    workloads are sessions (`targets: [workloads]`), and the Coder namespace (`targets: [coder]`)."""
+
+    workload_kinds: tuple[str, ...] = ()
+    selects_workload: Callable[[dict[str, Any]], bool] = lambda _obj: False
+    coder_namespace: str | None = None
+
+
+@dataclass
+class Seen:
+    """What the watch cache holds at one snapshot, for the targets' pairing: each collection (`Watched.name`)
+    as (namespace, name) -> object, the sessions paired so far (a target pairs after the ones before it in
+    the registry), and the owner indexes pairing asks for, each made once. `now` reads an object as the cache
+    has it now (a Service or WorkspaceKind changed since the snapshot)."""
+
+    collections: Mapping[str, Mapping[Key, dict[str, Any]]] = field(default_factory=dict)
+    now: Callable[[str, Key], dict[str, Any] | None] = lambda _name, _key: None
+    paired: list[Item] = field(default_factory=list)
+    _owned: dict[tuple[str, str], dict[OwnerKey, list[dict[str, Any]]]] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Mapping[Key, dict[str, Any]]:
+        return self.collections.get(name, {})
+
+    def owned_by(self, name: str, kind: str) -> dict[OwnerKey, list[dict[str, Any]]]:
+        """The collection's objects controlled by an object of `kind` (`owned_by`), made once per snapshot."""
+        found = self._owned.get((name, kind))
+        if found is None:
+            found = self._owned[(name, kind)] = owned_by(self[name], kind)
+        return found
+
+
+class Pairing(NamedTuple):
+    """A target's sessions with their pods, sorted, and the pods that look like a session's but that its stop
+    cannot reach (kf_culler/targets/pairing.py `Orphan`)."""
+
+    items: list[Item]
+    orphans: Sequence[Any] = ()
 
 
 class UnknownKind(InputError):
@@ -72,6 +138,24 @@ class Target(ABC):
     @abstractmethod
     def keep_command(self, namespace: str, name: str, until: str) -> str | None:
         """The command its user runs to keep it until `until` (None: none exists)."""
+
+    def watches(self, scope: Scope) -> tuple[Watched, ...]:
+        """The collections the watch cache lists and watches for this target's sessions (none: its sessions are
+        not Kubernetes objects)."""
+        return ()
+
+    def pair(self, seen: Seen) -> Pairing:
+        """Each of its sessions the cache holds with its pod (or None), sorted."""
+        return Pairing([])
+
+    def service_problem(self, session: Mapping[str, Any], seen: Seen) -> str | None:
+        """Why the Service its IDE is probed through cannot be trusted to reach its own pod, or None."""
+        return None
+
+    def endpoint(self, session: Mapping[str, Any], seen: Seen) -> tuple[str, int, str] | str:
+        """(Service name, port, path) of its IDE when its controller made the endpoint (`reach` "endpoint"), or
+        why it cannot be reached safely."""
+        return "this kind of session is not reached through an endpoint of its controller"
 
     def tampered(self, obj: Mapping[str, Any]) -> str | None:
         """Why its controller cannot act on it, or None."""

@@ -29,7 +29,8 @@ from typing import Any
 from kf_culler.errors import InputError
 from kf_culler.ide import CODER_SERVER_TYPE
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION
-from kf_culler.targets.base import SessionKey, Target, _dict, gpus_asked, running
+from kf_culler.targets.base import Scope, SessionKey, Target, Watched, _dict, gpus_asked, running
+from kf_culler.targets.fields import pod_fields
 from kf_culler.timeutil import format_time, parse_time
 
 
@@ -51,6 +52,19 @@ class CoderTarget(Target):
 
     def carried(self, obj: Mapping[str, Any]) -> Any:
         return observation_of(obj)
+
+    def watches(self, scope: Scope) -> tuple[Watched, ...]:
+        """Its sessions are Coder's API's (kf_culler/sources/coder.py); the cache keeps the pods of the admin's
+        Coder namespace labelled with a Coder workspace's id (`pods_by_workspace`)."""
+        namespace = scope.coder_namespace
+        if namespace is None:
+            return ()
+
+        def keep(obj: Mapping[str, Any]) -> bool:
+            meta = _dict(obj.get("metadata"))
+            return meta.get("namespace") == namespace and WORKSPACE_ID_LABEL in _dict(meta.get("labels"))
+
+        return (Watched("pods", "", "v1", "pods", pod_fields, keep=keep),)
 
 
 # Its RBAC component (kustomize/components/coder) is named like the target.

@@ -4,12 +4,32 @@ found by ownership, the IDE through the Service named like the workload. Pure.""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, STOP_ANNOTATION
-from kf_culler.targets.base import OwnerKey, Target, _dict, controller_of, owner_key
+from kf_culler.targets.base import (
+    OwnerKey,
+    Pairing,
+    Scope,
+    Seen,
+    Target,
+    Watched,
+    _dict,
+    controller_of,
+    kind_of,
+    owner_key,
+)
+from kf_culler.targets.fields import (
+    SERVICES,
+    SESSION_META,
+    controlled_pod,
+    controller_ref,
+    pick,
+    pod_fields,
+    template_fields,
+)
 from kf_culler.targets.notebooks import NOTEBOOKS
 from kf_culler.targets.workspaces import WORKSPACES
 
@@ -42,6 +62,45 @@ class WorkloadTarget(Target):
                 "--overwrite")
 
 
+    def watches(self, scope: Scope) -> tuple[Watched, ...]:
+        """The target configured as `workloads` watches every kind of `workloads.kinds` (the registry holds it
+        under its first kind): the sessions `workloads.select` takes, the ReplicaSets between a Deployment and
+        its pods, the pods and the Services."""
+        out = [Watched(f"workloads/{t.plural}", t.group, t.version, t.plural, workload_fields(t.kind, scope),
+                       session_kind=t.kind) for t in WORKLOADS if t.kind in scope.workload_kinds]
+        if not out:
+            return ()
+        if DEPLOYMENTS.kind in scope.workload_kinds:
+            out.append(REPLICASETS)
+        return (*out, WORKLOAD_PODS, SERVICES)
+
+    def pair(self, seen: Seen) -> Pairing:
+        """Every workload that is not a Notebook's or a Workspace's own StatefulSet (`session_statefulset`), with
+        its pod (`workload_pod`), sorted by namespace, kind and name."""
+        pods_by_owner = {**seen.owned_by("pods", "ReplicaSet"), **seen.owned_by("pods", "StatefulSet")}
+        by_deployment = seen.owned_by("replicasets", DEPLOYMENTS.kind)
+        # The sessions whose StatefulSet is theirs, not a workload: the Notebooks paired before, and the
+        # Workspaces that control one StatefulSet (one with more is paired with the pod holding the most GPUs,
+        # and every one of its StatefulSets stays a workload too).
+        notebooks = {owner_key(nb): nb for nb, _ in seen.paired if kind_of(nb) == NOTEBOOKS.kind}
+        names = {(str(_dict(nb.get("metadata")).get("namespace")), str(_dict(nb.get("metadata")).get("name")))
+                 for nb in notebooks.values()}
+        workspaces = {owner_key(ws) for ws, _ in seen.paired if kind_of(ws) == WORKSPACES.kind}
+        sessions = set(notebooks) | {key for key, owned in seen.owned_by("statefulsets", WORKSPACES.kind).items()
+                                     if len(owned) == 1 and key in workspaces}
+        chosen: list[tuple[tuple[str, str, str], dict[str, Any]]] = []
+        for t in WORKLOADS:
+            chosen += [((k[0], str(o.get("kind")), k[1]), o) for k, o in seen[f"workloads/{t.plural}"].items()
+                       if not session_statefulset(o, sessions, names)]
+        return Pairing([(w, workload_pod(w, by_deployment, pods_by_owner))
+                        for _, w in sorted(chosen, key=lambda x: x[0])])
+
+    def service_problem(self, session: Mapping[str, Any], seen: Seen) -> str | None:
+        meta = _dict(session.get("metadata"))
+        return workload_service_problem(
+            session, seen.now("services", (str(meta.get("namespace")), str(meta.get("name")))))
+
+
 def _workload(kind: str, plural: str) -> WorkloadTarget:
     return WorkloadTarget("workloads", kind, "apps", "v1", plural, route=plural, rbac="workloads", reach="workload",
                           where_to_start="Kubeflow's Notebooks page", stop_field="replicas")
@@ -50,6 +109,45 @@ def _workload(kind: str, plural: str) -> WorkloadTarget:
 DEPLOYMENTS = _workload("Deployment", "deployments")
 STATEFULSETS = _workload("StatefulSet", "statefulsets")
 WORKLOADS = (DEPLOYMENTS, STATEFULSETS)
+
+
+def workload_fields(kind: str, scope: Scope) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """The projection of a plain workload's collection: None for the Deployments or StatefulSets that are not
+    sessions (`scope.selects_workload`: kf_culler/policy.py `selects_workload`), else what the culler reads:
+    identity, labels and annotations, the replica count, the pod template's labels, containers and node
+    selection. A built-in list's items carry no kind: it is set here."""
+    def project(obj: dict[str, Any]) -> dict[str, Any] | None:
+        obj = {**obj, "apiVersion": "apps/v1", "kind": kind}
+        if not scope.selects_workload(obj):
+            return None
+        meta, spec = _dict(obj.get("metadata")), _dict(obj.get("spec"))
+        template = _dict(spec.get("template"))
+        out = template_fields(obj, "apps/v1", kind)
+        out["spec"]["template"]["metadata"] = {"labels": _dict(_dict(template.get("metadata")).get("labels"))}
+        if "replicas" in spec:
+            out["spec"]["replicas"] = spec["replicas"]
+        out["metadata"] = pick(meta, SESSION_META)
+        owners = controller_ref(meta)
+        if owners:
+            out["metadata"]["ownerReferences"] = owners
+        out.pop("status", None)
+        return out
+
+    return project
+
+
+def replicaset_fields(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """A ReplicaSet's identity and controller, for the ones a Deployment controls (a workload's pods)."""
+    meta = _dict(obj.get("metadata"))
+    owners = controller_ref(meta)
+    if not any(r.get("kind") == DEPLOYMENTS.kind for r in owners):
+        return None
+    return {"metadata": {**pick(meta, ("name", "namespace", "uid")), "ownerReferences": owners}}
+
+
+REPLICASETS = Watched("replicasets", "apps", "v1", "replicasets", replicaset_fields, metadata_only=True)
+# A workload's pods are its StatefulSet's or its Deployment's ReplicaSets'.
+WORKLOAD_PODS = Watched("pods", "", "v1", "pods", pod_fields, keep=controlled_pod(("StatefulSet", "ReplicaSet")))
 
 
 def is_workload(obj: Mapping[str, Any]) -> bool:

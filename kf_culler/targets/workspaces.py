@@ -11,7 +11,11 @@ from typing import Any
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, STOP_ANNOTATION
 from kf_culler.targets.base import (
     OwnerKey,
+    Pairing,
+    Scope,
+    Seen,
     Target,
+    Watched,
     _dict,
     controller_of,
     gpus_asked,
@@ -20,12 +24,20 @@ from kf_culler.targets.base import (
     statefulset_member,
     uid_of,
 )
+from kf_culler.targets.fields import (
+    SERVICES,
+    SESSION_META,
+    STATEFULSET_PODS,
+    STATEFULSETS_METADATA,
+    pick,
+    shared,
+)
 
 Key = tuple[str, str]
 WORKSPACE_NAME_LABEL = "notebooks.kubeflow.org/workspace-name"
 CONNECT_PREFIX = "/workspace/connect/{namespace}/{name}/{port_id}/"
 # What the culler's cache counted of the objects a Workspace controls, `{"statefulSets": n, "services": m}`: set
-# on its own copy of the Workspace (kf_culler/kube/cache.py), a key no API object has (the cache keeps only
+# on its own copy of the Workspace (`WorkspaceTarget.pair`), a key no API object has (the cache keeps only
 # apiVersion, kind, metadata, spec and status of a Workspace), so no user can write it.
 CONTROLS_KEY = "kfCullerControls"
 
@@ -53,6 +65,41 @@ class WorkspaceTarget(Target):
     def tampered(self, obj: Mapping[str, Any]) -> str | None:
         return workspace_tampered(obj)
 
+    def watches(self, scope: Scope) -> tuple[Watched, ...]:
+        return (Watched(self.plural, self.group, self.version, self.plural, workspace_fields, session_kind=self.kind),
+                # cluster-scoped, a handful: how each Workspace's IDE is reached
+                Watched("workspacekinds", self.group, self.version, "workspacekinds", workspace_kind_fields,
+                        cluster_scoped=True),
+                STATEFULSETS_METADATA, STATEFULSET_PODS, SERVICES)
+
+    def pair(self, seen: Seen) -> Pairing:
+        """Every Workspace with its pod (`workspace_pod`) and what it controls, counted on the culler's own copy
+        (`workspace_tampered`): one with several StatefulSets or Services is one its controller cannot act on."""
+        by_owner = seen.owned_by("statefulsets", self.kind)  # by (namespace, Workspace uid)
+        members = seen.owned_by("pods", "StatefulSet")  # by (namespace, StatefulSet uid)
+        services = seen.owned_by("services", self.kind)
+        pods = seen["pods"]
+        return Pairing([({**w, CONTROLS_KEY: {"statefulSets": len(by_owner.get(owner_key(w), [])),
+                                              "services": len(services.get(owner_key(w), []))}},
+                         workspace_pod(w, by_owner, pods, members)) for _, w in sorted(seen[self.plural].items())])
+
+    def endpoint(self, session: Mapping[str, Any], seen: Seen) -> tuple[str, int, str] | str:
+        """(Service name, port, path) of a Workspace's IDE as of the last snapshot, or why it cannot be reached
+        safely: its own Service (`workspace_service`), the port its WorkspaceKind gives, the connect path unless
+        the kind serves the port at `/`."""
+        svc, why = workspace_service(session, seen.owned_by("services", self.kind))
+        if svc is None:
+            return str(why)
+        kind_name = str(_dict(session.get("spec")).get("kind"))
+        port = workspace_port(session, seen.now("workspacekinds", ("", kind_name)))
+        if port is None:
+            return f"its WorkspaceKind {kind_name[:63]!r} gives no HTTP port for its image"
+        port_id, number, at_root = port
+        meta = _dict(session.get("metadata"))
+        path = "/" if at_root else CONNECT_PREFIX.format(namespace=meta.get("namespace"), name=meta.get("name"),
+                                                         port_id=port_id)
+        return str(_dict(svc.get("metadata")).get("name")), number, path
+
     def reclaim(self, pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
         """Its pod's StatefulSet (reached by ownership: pod -> StatefulSet by uid -> Workspace by uid): with
         `spec.paused: true` its controller wants it at 0 replicas, so scaling it to 0 is what the controller would
@@ -66,6 +113,39 @@ class WorkspaceTarget(Target):
 WORKSPACES = WorkspaceTarget("workspaces", "Workspace", "kubeflow.org", "v1beta1", "workspaces", route="workspaces",
                              rbac="workspaces", reach="endpoint", where_to_start="Kubeflow's Notebooks page",
                              stop_field="paused", image_from_pod=True)
+
+
+WORKSPACE_STATUS = ("state", "pauseTime", "lastRunningTime")
+
+
+def workspace_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the culler reads of a Workspace: identity, labels and annotations, `spec.paused`, its kind and
+    chosen options, and the controller's state. Never its `status.activity`, which is the controller's own
+    culling's."""
+    meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
+    options = _dict(_dict(spec.get("podTemplate")).get("options"))
+    return {
+        "apiVersion": shared(obj.get("apiVersion", WORKSPACES.api_version)), "kind": WORKSPACES.kind,
+        "metadata": pick(meta, SESSION_META),
+        "spec": {**{k: spec[k] for k in ("paused", "kind") if k in spec},
+                 "podTemplate": {"options": pick(options, ("imageConfig", "podConfig"))}},
+        "status": pick(status, WORKSPACE_STATUS),
+    }
+
+
+def workspace_kind_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """A WorkspaceKind's ports (ids, protocol, whether the app serves at `/`) and its images' port numbers:
+    how a Workspace's IDE is reached (`workspace_port`)."""
+    meta = _dict(obj.get("metadata"))
+    template = _dict(_dict(obj.get("spec")).get("podTemplate"))
+    ports = [{**pick(p, ("id", "protocol")), "httpProxy": pick(_dict(p).get("httpProxy"), ("removePathPrefix",))}
+             for p in template.get("ports") or [] if isinstance(p, dict)]
+    values = _dict(_dict(template.get("options")).get("imageConfig")).get("values")
+    kept = [{"id": v.get("id"), "spec": {"ports": [pick(q, ("id", "port")) for q in
+                                                    _dict(v.get("spec")).get("ports") or [] if isinstance(q, dict)]}}
+            for v in (values if isinstance(values, list) else []) if isinstance(v, dict)]
+    return {"metadata": {"name": meta.get("name")},
+            "spec": {"podTemplate": {"ports": ports, "options": {"imageConfig": {"values": kept}}}}}
 
 
 def workspace_tampered(obj: Mapping[str, Any]) -> str | None:
