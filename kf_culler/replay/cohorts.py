@@ -31,7 +31,15 @@ from kf_culler.policy import Selected, policy_of, selection
 from kf_culler.replay.contenders import Check, ConfiguredPolicy
 from kf_culler.replay.fleet import BEHAVIOUR_LABEL
 from kf_culler.replay.shared_decide import Signatures, shared_verdicts
-from kf_culler.replay.simulate import GpuHistory, NotebookTotals, ReplayResult, Stop, Tally, _with_start
+from kf_culler.replay.simulate import (
+    GpuHistory,
+    NotebookTotals,
+    ReplayResult,
+    Stop,
+    Tally,
+    _with_start,
+    account_interval,
+)
 from kf_culler.replay.sweep_policy import SweptPolicy, work_at_stop
 from kf_culler.replay.trace import Record, read_trace
 from kf_culler.session import SessionView, annotations_of, gpu_count, metadata_of, running_since
@@ -235,37 +243,8 @@ class CohortReplay:
         return list(by_key.values())
 
     def _close(self, nb: _Nb, end: datetime) -> None:
-        """Account [prev_time, end) with the situation after the previous record (simulate.replay's close)."""
-        if nb.prev_time is None:
-            return
-        start = nb.prev_time
-        dt = (end - start).total_seconds()
-        if dt <= 0:
-            return
-        t = nb.totals
-        truth = nb.prev_truth or "unknown"
-        gpus = t.gpus if nb.prev_world else 0
-        if truth == "working":
-            t.working_s += dt
-        if nb.prev_world:
-            t.running_s += dt
-        oracle_s = 0.0
-        if gpus:
-            t.baseline_gpu_s += gpus * dt
-            if truth == "absent" and nb.absent_start is not None:
-                window = max(start, nb.absent_start + self.oracle)
-                oracle_s = max(0.0, (end - window).total_seconds())
-                t.oracle_gpu_s += gpus * oracle_s
-        for c in nb.cohorts:
-            tally = c.acc
-            if c.running:
-                tally.held_gpu_s += gpus * dt
-            else:
-                if gpus:
-                    tally.reclaimed_gpu_s[truth] = tally.reclaimed_gpu_s.get(truth, 0.0) + gpus * dt
-                    tally.oracle_matched_gpu_s += gpus * oracle_s
-                if truth == "working" and nb.prev_world:
-                    tally.working_lost_s += dt
+        """Account [prev_time, end) with the situation after the previous record (as the plain replay does)."""
+        account_interval(nb, end, self.oracle, ((c.running, c.acc) for c in nb.cohorts))
 
     @staticmethod
     def _may_decide(c: _Cohort, nb: _Nb) -> bool:

@@ -21,10 +21,11 @@ from __future__ import annotations
 import bisect
 import math
 import time as wallclock
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kf_culler.ide import IDE_KINDS
 from kf_culler.model import STOP_ANNOTATION
@@ -151,6 +152,57 @@ class _Run:
         self.last_action = "keep"
         self.work_run_hit = -1
         self.tally = Tally()
+
+
+class Situation(Protocol):
+    """What a replay knows of one notebook between two records (its `_Nb`): the interval's accounting reads it."""
+
+    @property
+    def totals(self) -> NotebookTotals: ...
+    @property
+    def prev_time(self) -> datetime | None: ...
+    @property
+    def prev_truth(self) -> str | None: ...
+    @property
+    def prev_world(self) -> bool: ...
+    @property
+    def absent_start(self) -> datetime | None: ...
+
+
+def account_interval(nb: Situation, end: datetime, oracle_limit: timedelta,
+                     runs: Iterable[tuple[bool, Tally]]) -> None:
+    """Account [prev_time, end) with the situation after the previous record: the notebook's totals, and for
+    each policy's run (running?, its tally) the GPU-time held, reclaimed and matched with the oracle, and the
+    working time lost. One place for the plain replay and the cohort replay (replay/cohorts.py)."""
+    if nb.prev_time is None:
+        return
+    start = nb.prev_time
+    dt = (end - start).total_seconds()
+    if dt <= 0:
+        return
+    t = nb.totals
+    truth = nb.prev_truth or "unknown"
+    gpus = t.gpus if nb.prev_world else 0
+    if truth == "working":
+        t.working_s += dt
+    if nb.prev_world:
+        t.running_s += dt
+    oracle_s = 0.0
+    if gpus:
+        t.baseline_gpu_s += gpus * dt
+        if truth == "absent" and nb.absent_start is not None:
+            window = max(start, nb.absent_start + oracle_limit)
+            oracle_s = max(0.0, (end - window).total_seconds())
+            t.oracle_gpu_s += gpus * oracle_s
+    for running, tally in runs:
+        if running:
+            tally.held_gpu_s += gpus * dt
+        else:
+            if gpus:
+                tally.reclaimed_gpu_s[truth] = tally.reclaimed_gpu_s.get(truth, 0.0) + gpus * dt
+                tally.oracle_matched_gpu_s += gpus * oracle_s
+            if truth == "working" and nb.prev_world:
+                tally.working_lost_s += dt
 
 
 class _Nb:
@@ -308,36 +360,7 @@ def replay(path: str | Path, rules: list[Contender], *, restart_delay_minutes: f
 
     def close(nb: _Nb, end: datetime) -> None:
         """Account [prev_time, end) with the situation after the previous record."""
-        if nb.prev_time is None:
-            return
-        start = nb.prev_time
-        dt = (end - start).total_seconds()
-        if dt <= 0:
-            return
-        t = nb.totals
-        truth = nb.prev_truth or "unknown"
-        gpus = t.gpus if nb.prev_world else 0
-        if truth == "working":
-            t.working_s += dt
-        if nb.prev_world:
-            t.running_s += dt
-        oracle_s = 0.0
-        if gpus:
-            t.baseline_gpu_s += gpus * dt
-            if truth == "absent" and nb.absent_start is not None:
-                window = max(start, nb.absent_start + oracle_limit)
-                oracle_s = max(0.0, (end - window).total_seconds())
-                t.oracle_gpu_s += gpus * oracle_s
-        for run in nb.runs:
-            tally = run.tally
-            if run.running:
-                tally.held_gpu_s += gpus * dt
-            else:
-                if gpus:
-                    tally.reclaimed_gpu_s[truth] = tally.reclaimed_gpu_s.get(truth, 0.0) + gpus * dt
-                    tally.oracle_matched_gpu_s += gpus * oracle_s
-                if truth == "working" and nb.prev_world:
-                    tally.working_lost_s += dt
+        account_interval(nb, end, oracle_limit, ((run.running, run.tally) for run in nb.runs))
 
     for rec in records:
         count += 1
