@@ -57,7 +57,7 @@ def notice_for(result: Any, max_extend_minutes: float = 0) -> Notice | None:
     ann = meta.get("annotations") or {}
     at = _parse(ann.get(mark_kind[0])) or datetime.now(UTC)
     stop_at = v.stop_at if mark_kind[1] == "warn" else at if mark_kind[1] == "stop" else None
-    return Notice(mark_kind[1], result.namespace, result.name, meta.get("uid"), v.reason, v.state, v.rule, at,
+    return Notice(mark_kind[1], result.namespace, result.name, meta.get("uid"), v.reason, v.state, v.rule_id, at,
                   stop_at, v.idle_since, max_extend_minutes, result.server_type, result.gpus, result.trace_id)
 
 
