@@ -29,7 +29,6 @@ from support.coder_kind import (
     end_pair,
     hand_off,
     ready,
-    result_for,
     start_pair,
     waiting_for_gpu,
 )
@@ -61,10 +60,8 @@ def test_the_culler_stops_the_idle_gpu_workspace_through_a_stop_build_and_the_wa
             # B's start build succeeded and Coder counts it running, though its pod has no GPU
             assert c.latest_build(b)["status"] == "running"
             assert c.latest_build(b)["transition"] == "start"
-            with c.culler() as runner:
+            with c.culler() as runner:  # its passes end with the stop: B, Running now, is idle too
                 handoff = hand_off(c, runner, idle, waiting, a, b)
-                after = runner.once()
-                assert result_for(after, *idle).verdict.state == "stopped"
             print(f"\nthe culler's stop build to ws-b's pod Ready: {handoff.seconds:.1f} s (Ready to the second); "
                   f"the pass returning to Ready seen: {handoff.watched:.2f} s")
             stop = handoff.stop
