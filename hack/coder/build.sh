@@ -103,8 +103,9 @@ build_provider() {
   local plat; plat="$(go env GOOS)_$(go env GOARCH)"
   local pdir="$BIN_DIR/providers/registry.terraform.io/coder/coder/$v/$plat"
   local name="terraform-provider-coder_v$v"
-  if [ -x "$pdir/$name" ] && [ -s "$BIN_DIR/terraformrc" ] \
+  if [ -x "$pdir/$name" ] \
      && [ "$(cat "$BIN_DIR/terraform-provider-coder.version" 2>/dev/null)" = "$PROVIDER_VERSION" ]; then
+    write_terraformrc
     log "terraform-provider-coder $PROVIDER_VERSION: cached"; return
   fi
   local src; src=$(moddir "github.com/coder/terraform-provider-coder/v2@$PROVIDER_VERSION") \
@@ -124,8 +125,9 @@ build_kubernetes() {
   local plat; plat="$(go env GOOS)_$(go env GOARCH)"
   local pdir="$BIN_DIR/providers/registry.terraform.io/hashicorp/kubernetes/$v/$plat"
   local name="terraform-provider-kubernetes_v$v"
-  if [ -x "$pdir/$name" ] && grep -q hashicorp/kubernetes "$BIN_DIR/terraformrc" 2>/dev/null \
+  if [ -x "$pdir/$name" ] \
      && [ "$(cat "$BIN_DIR/terraform-provider-kubernetes.version" 2>/dev/null)" = "$K8S_PROVIDER_VERSION" ]; then
+    write_terraformrc
     log "terraform-provider-kubernetes $K8S_PROVIDER_VERSION: cached"; return
   fi
   [ -f "$K8S_PROVIDER_SRC/go.mod" ] \
