@@ -102,8 +102,8 @@ resource "kubernetes_deployment" "main" {
     replicas = 1
     selector {
       match_labels = {
-        "app.kubernetes.io/name"  = "coder-workspace"
-        "com.coder.workspace.id"  = data.coder_workspace.me.id
+        "app.kubernetes.io/name" = "coder-workspace"
+        "com.coder.workspace.id" = data.coder_workspace.me.id
       }
     }
     strategy {
