@@ -5,10 +5,10 @@ real Prometheus; the culler runs in-process (`Runner.once`) with an Owner's API 
 
 What is approximated, and why:
 - The template's Kubernetes objects. Coder's upstream template makes the workspace's Deployment with
-  `count = data.coder_workspace.me.start_count`, so a stop build scales it away. This test was written before the
-  `hashicorp/kubernetes` provider (the Go module proxy answers 403 for its v2 module) was built from its vendored
-  source and before Coder's namespace could reach this machine's API server (`CoderServer.reaching`);
-  tests/test_coder_kind.py uses both, on kind. Here the test stands in for the template (`Template` below): after
+  `count = data.coder_workspace.me.start_count`, so a stop build scales it away. On kind, where pods run,
+  tests/test_coder_kind.py runs such a template for real (the `hashicorp/kubernetes` provider built from its
+  vendored source, the API server reached through `CoderServer.reaching`). On this local cluster, where kwok plays
+  the pods, the test stands in for the template (`Template` below): after
   a start build it creates the workspace's Deployment (the labels of the upstream template, `com.coder.workspace.id`
   among them, and a GPU request) and, when it sees a stop build, it scales that Deployment to 0, polling Coder's API
   every 0.2 s.
