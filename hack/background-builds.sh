@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The builds only a few tests need (kf-culler's own image, Coder and Terraform, the kind backend and the images its
-# tests run, Open Data Hub's controllers and kube-rbac-proxy), run by hack/test.sh in the background while the other
-# tests run, in the order the tests that need them run (tests/conftest.py LATE). Each build script takes a lock on its
-# cache, so a test harness that needs a binary before its build is done waits for it instead of building it twice.
+# The builds only a few tests need (kf-culler's own image, Coder, Terraform and its coder/coder and hashicorp/kubernetes
+# providers, the kind backend and the images its tests run, Open Data Hub's controllers and kube-rbac-proxy), run by
+# hack/test.sh in the background while the other tests run, in the order the tests that need them run
+# (tests/conftest.py LATE). Each build script takes a lock on its cache, so a test harness that needs a binary before
+# its build is done waits for it instead of building it twice.
 #
 #   bash hack/background-builds.sh        # logs to ${XDG_CACHE_HOME:-~/.cache}/kf-culler/logs/
 set -uo pipefail

@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def kind() -> Iterator[Kind]:
     """One kind cluster for every real-kubelet test (tests/test_kind_*.py), made once through pytest-kind from
     the local node image (hack/kind/build.sh); its tools image loaded. Deleted, and the build's Docker daemon
-    stopped, at the end of the session."""
+    stopped unless another kind cluster runs on it, at the end of the session (KF_CULLER_KIND_CLUSTER names it)."""
     try:
         backend = kind_backend()
     except KindUnavailable as why:

@@ -5,12 +5,13 @@ real Prometheus; the culler runs in-process (`Runner.once`) with an Owner's API 
 
 What is approximated, and why:
 - The template's Kubernetes objects. Coder's upstream template makes the workspace's Deployment with
-  `count = data.coder_workspace.me.start_count`, so a stop build scales it away. The `hashicorp/kubernetes` provider
-  cannot be had here (the Go module proxy answers 403 for its v2 module), and a `terraform_data` + `local-exec`
-  runs inside Coder's own network namespace, which cannot reach this machine's kube-apiserver. So the test stands
-  in for the template (`Template` below): after a start build it creates the workspace's Deployment (the labels of
-  the upstream template, `com.coder.workspace.id` among them, and a GPU request) and, when it sees a stop build, it
-  scales that Deployment to 0, polling Coder's API every 0.2 s.
+  `count = data.coder_workspace.me.start_count`, so a stop build scales it away. On kind, where pods run,
+  tests/test_coder_kind.py runs such a template for real (the `hashicorp/kubernetes` provider built from its
+  vendored source, the API server reached through `CoderServer.reaching`). On this local cluster, where kwok plays
+  the pods, the test stands in for the template (`Template` below): after
+  a start build it creates the workspace's Deployment (the labels of the upstream template, `com.coder.workspace.id`
+  among them, and a GPU request) and, when it sees a stop build, it scales that Deployment to 0, polling Coder's API
+  every 0.2 s.
 - The GPUs. kwok nodes advertise `nvidia.com/gpu` and run no containers, so GPU utilisation and memory come from a
   stand-in dcgm-exporter endpoint (kf_culler.local.prometheus `dcgm_exposition`: the metric names, HELP texts and
   labels of dcgm-exporter's default counters, etc/default-counters.csv, with the `namespace`/`pod`/`container`

@@ -10,7 +10,12 @@ were not there.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,6 +148,49 @@ def test_coder_listens_in_a_namespace_of_its_own(coder: CoderServer) -> None:
     assert here not in namespaces and len(namespaces) == 1
     pid = next(iter(pids))
     assert _links_in(pid) == ["lo"]
+
+
+def test_a_port_of_this_machine_is_reached_inside_coders_namespace_and_only_there(coder: CoderServer) -> None:
+    """`reaching(port)`: what Terraform in Coder's namespace needs to reach a cluster's API server on this
+    machine's 127.0.0.1 (tests/test_coder_kind.py). Reached there at the same address while it lasts, not
+    before nor after; the relay in the namespace listens on its 127.0.0.1 only."""
+    assert coder.proc is not None
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                with conn:
+                    conn.sendall(b"here:" + conn.recv(64))
+
+    threading.Thread(target=serve, daemon=True).start()
+    inside = ["nsenter", f"--net=/proc/{coder.proc.pid}/ns/net", "--", sys.executable, "-c",
+              f"import socket; s = socket.create_connection(('127.0.0.1', {port}), 5); s.sendall(b'ping'); "
+              "print(s.recv(64).decode())"]
+    try:
+        assert subprocess.run(inside, capture_output=True, text=True).returncode != 0  # not before
+        with coder.reaching(port):
+            done = subprocess.run(inside, capture_output=True, text=True)
+            assert done.stdout.strip() == "here:ping", done.stderr
+            ports = [a for p in _pids_in_namespace_of(coder.proc.pid) for a in _listening(_sockets_of({p}), p)
+                     if a.startswith("tcp") and int(a.rsplit(":", 1)[1], 16) == port]
+            assert ports and all(a.split(":", 1)[1].startswith(LOOPBACK) for a in ports), ports
+        assert subprocess.run(inside, capture_output=True, text=True).returncode != 0  # nor after
+    finally:
+        server.close()
+
+
+def _pids_in_namespace_of(pid: int) -> set[int]:
+    """Every process in pid's network namespace."""
+    ns = os.readlink(f"/proc/{pid}/ns/net")
+    found = set()
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/net") == ns:
+                found.add(int(entry))
+    return found
 
 
 def _links_in(pid: int) -> list[str]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build what a real Coder server needs for the tests, into a cache outside the repository.
 #
-#   hack/coder/build.sh [all|terraform|coder|provider]
+#   hack/coder/build.sh [all|terraform|coder|provider|kubernetes]
 #
 #   terraform  Terraform, from a copy of the unmodified tree in ../shared/vendor (the module the Go module
 #              proxy serves leaves out the nested backend modules, so it cannot be built from there)
@@ -11,13 +11,19 @@
 #   provider   the coder/coder Terraform provider, from the Go module proxy, laid out as a Terraform
 #              filesystem mirror (providers/registry.terraform.io/coder/coder/<v>/linux_amd64/...) with a
 #              CLI config (terraformrc) that points Terraform at it, so no template reaches a registry
-#   all        the three (default)
+#   kubernetes Terraform's Kubernetes provider (hashicorp/kubernetes), from a copy of the unmodified tree in
+#              ../shared/vendor (the Go module proxy refuses its module), into the same filesystem mirror
+#              (providers/registry.terraform.io/hashicorp/kubernetes/<v>/linux_amd64/...), for templates in the
+#              shape of Coder's upstream Kubernetes template (tests/test_coder_kind.py)
+#   all        the four (default; what hack/background-builds.sh builds)
 #
 # Environment:
 #   KF_CULLER_CODER_VERSION           Coder release             (default v2.36.0)
 #   KF_CULLER_TERRAFORM_VERSION       Terraform release         (default v1.14.5)
 #   KF_CULLER_CODER_PROVIDER_VERSION  coder/coder provider      (default v2.20.0)
 #   KF_CULLER_TERRAFORM_SRC           Terraform source tree     (default ../shared/vendor/terraform-<version>)
+#   KF_CULLER_KUBERNETES_PROVIDER_VERSION  hashicorp/kubernetes provider  (default v2.38.0)
+#   KF_CULLER_KUBERNETES_PROVIDER_SRC  its source tree (default ../shared/vendor/terraform-provider-kubernetes-<version>)
 #   KF_CULLER_CODER_BIN_DIR           where it goes (default ~/.cache/kf-culler/bin/coder-<coder-version>)
 #
 # Idempotent: a binary already present with a matching .version stamp is not rebuilt.
@@ -30,6 +36,8 @@ CODER_VERSION=${KF_CULLER_CODER_VERSION:-v2.36.0}
 TF_VERSION=${KF_CULLER_TERRAFORM_VERSION:-v1.14.5}
 PROVIDER_VERSION=${KF_CULLER_CODER_PROVIDER_VERSION:-v2.20.0}
 TF_SRC=${KF_CULLER_TERRAFORM_SRC:-$(cd "$here/../.." && pwd)/../shared/vendor/terraform-$TF_VERSION}
+K8S_PROVIDER_VERSION=${KF_CULLER_KUBERNETES_PROVIDER_VERSION:-v2.38.0}
+K8S_PROVIDER_SRC=${KF_CULLER_KUBERNETES_PROVIDER_SRC:-$(cd "$here/../.." && pwd)/../shared/vendor/terraform-provider-kubernetes-$K8S_PROVIDER_VERSION}
 BIN_DIR=${KF_CULLER_CODER_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kf-culler/bin/coder-$CODER_VERSION}
 BUILD_ROOT=$(dirname "$BIN_DIR")/../build
 
@@ -95,8 +103,9 @@ build_provider() {
   local plat; plat="$(go env GOOS)_$(go env GOARCH)"
   local pdir="$BIN_DIR/providers/registry.terraform.io/coder/coder/$v/$plat"
   local name="terraform-provider-coder_v$v"
-  if [ -x "$pdir/$name" ] && [ -s "$BIN_DIR/terraformrc" ] \
+  if [ -x "$pdir/$name" ] \
      && [ "$(cat "$BIN_DIR/terraform-provider-coder.version" 2>/dev/null)" = "$PROVIDER_VERSION" ]; then
+    write_terraformrc
     log "terraform-provider-coder $PROVIDER_VERSION: cached"; return
   fi
   local src; src=$(moddir "github.com/coder/terraform-provider-coder/v2@$PROVIDER_VERSION") \
@@ -108,12 +117,46 @@ build_provider() {
   (cd "$dir" && timed gobuild -trimpath -ldflags "-s -w" -o "$pdir/$name" .)
   rm -rf "$dir"
   stamp terraform-provider-coder "$PROVIDER_VERSION"
-  # Terraform finds coder/coder in the mirror and asks no registry for anything else.
+  write_terraformrc
+}
+
+build_kubernetes() {
+  local v=${K8S_PROVIDER_VERSION#v}
+  local plat; plat="$(go env GOOS)_$(go env GOARCH)"
+  local pdir="$BIN_DIR/providers/registry.terraform.io/hashicorp/kubernetes/$v/$plat"
+  local name="terraform-provider-kubernetes_v$v"
+  if [ -x "$pdir/$name" ] \
+     && [ "$(cat "$BIN_DIR/terraform-provider-kubernetes.version" 2>/dev/null)" = "$K8S_PROVIDER_VERSION" ]; then
+    write_terraformrc
+    log "terraform-provider-kubernetes $K8S_PROVIDER_VERSION: cached"; return
+  fi
+  [ -f "$K8S_PROVIDER_SRC/go.mod" ] \
+    || die "no terraform-provider-kubernetes source at $K8S_PROVIDER_SRC (set KF_CULLER_KUBERNETES_PROVIDER_SRC)"
+  grep -q '^module github.com/hashicorp/terraform-provider-kubernetes$' "$K8S_PROVIDER_SRC/go.mod" \
+    || die "$K8S_PROVIDER_SRC/go.mod is not the Kubernetes provider's"
+  local dir="$BUILD_ROOT/terraform-provider-kubernetes-$K8S_PROVIDER_VERSION"
+  rm -rf "$dir" && mkdir -p "$dir" && cp -r "$K8S_PROVIDER_SRC/." "$dir/" && chmod -R u+w "$dir"
+  mkdir -p "$pdir"
+  log "terraform-provider-kubernetes $K8S_PROVIDER_VERSION: compiling from a copy of $K8S_PROVIDER_SRC into the filesystem mirror"
+  (cd "$dir" && timed gobuild -trimpath -ldflags "-s -w" -o "$pdir/$name" .)
+  rm -rf "$dir"
+  stamp terraform-provider-kubernetes "$K8S_PROVIDER_VERSION"
+  write_terraformrc
+}
+
+# The CLI config: Terraform takes the providers built into the mirror so far from it and asks no registry for
+# anything (a template that needs another provider fails its `terraform init`).
+write_terraformrc() {
+  local include=() name
+  for name in coder/coder hashicorp/kubernetes; do
+    [ -d "$BIN_DIR/providers/registry.terraform.io/$name" ] && include+=("\"registry.terraform.io/$name\"")
+  done
+  local list; list=$(printf '%s, ' "${include[@]}"); list=${list%, }
   cat > "$BIN_DIR/terraformrc" <<EOF
 provider_installation {
   filesystem_mirror {
     path    = "$BIN_DIR/providers"
-    include = ["registry.terraform.io/coder/coder"]
+    include = [$list]
   }
   direct {
     exclude = ["registry.terraform.io/*/*"]
@@ -125,11 +168,12 @@ EOF
 
 t0=$SECONDS
 case "$set_name" in
-  all)       build_terraform; build_provider; build_coder ;;
+  all)       build_terraform; build_provider; build_coder; build_kubernetes ;;
   terraform) build_terraform ;;
   coder)     build_coder ;;
   provider)  build_provider ;;
-  *) die "unknown set '$set_name' (expected all, terraform, coder or provider)" ;;
+  kubernetes) build_kubernetes ;;
+  *) die "unknown set '$set_name' (expected all, terraform, coder, provider or kubernetes)" ;;
 esac
 log "binaries ready in $BIN_DIR ($((SECONDS - t0)) s)"
 echo "$BIN_DIR"

@@ -42,6 +42,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ BUILD_SCRIPT = Path("hack") / "coder" / "build.sh"
 CODER_VERSION = "v2.36.0"
 TERRAFORM_VERSION = "v1.14.5"
 PROVIDER_VERSION = "v2.20.0"
+KUBERNETES_PROVIDER_VERSION = "v2.38.0"  # hashicorp/kubernetes, for templates that make Kubernetes objects
 BIN_DIR_ENV = "KF_CULLER_CODER_BIN_DIR"
 OWNER_EMAIL = "admin@kf-culler.test"
 OWNER_USERNAME = "admin"
@@ -170,6 +172,37 @@ def ensure_binaries(build: bool = True, quiet: bool = True) -> Binaries:
     if found is None:
         raise CoderUnavailable(f"{BUILD_SCRIPT} succeeded but {directory} lacks a binary or its stamp")
     return found
+
+
+def ensure_kubernetes_provider(binaries: Binaries) -> Path:
+    """Terraform's Kubernetes provider in the binaries' filesystem mirror (its terraformrc names it), built now
+    by `hack/coder/build.sh kubernetes` when missing; its directory in the mirror."""
+    directory = binaries.terraformrc.parent
+    v = KUBERNETES_PROVIDER_VERSION
+    mirror = directory / "providers" / "registry.terraform.io" / "hashicorp" / "kubernetes" / v.lstrip("v")
+
+    def built() -> bool:
+        try:
+            stamped = (directory / "terraform-provider-kubernetes.version").read_text().strip() == v
+            return stamped and "hashicorp/kubernetes" in binaries.terraformrc.read_text() and mirror.is_dir()
+        except OSError:
+            return False
+
+    if built():
+        return mirror
+    root = source_root()
+    if root is None or shutil.which("go") is None:
+        raise CoderUnavailable(f"Terraform's Kubernetes provider {v} is missing from {directory}, and "
+                               + ("no kf-culler checkout was found" if root is None else "Go is not installed")
+                               + f" to build it ({BUILD_SCRIPT} kubernetes)")
+    result = subprocess.run(["bash", str(root / BUILD_SCRIPT), "kubernetes"], capture_output=True, text=True,
+                            env={**os.environ, BIN_DIR_ENV: str(directory)})
+    if result.returncode != 0:
+        raise CoderUnavailable(f"{BUILD_SCRIPT} kubernetes failed (exit {result.returncode}):\n"
+                               f"{result.stderr[-3000:]}")
+    if not built():
+        raise CoderUnavailable(f"{BUILD_SCRIPT} kubernetes succeeded but {mirror} or its stamp is missing")
+    return mirror
 
 
 def postgres_bindir() -> Path:
@@ -291,7 +324,7 @@ async def _relay_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
 
 
 async def _serve_relay(listen: tuple[str, int] | str, target: tuple[str, int] | str,
-                       ready: threading.Event | None = None) -> None:
+                       ready: Callable[[], object] | None = None) -> None:
     async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await _relay_connection(r, w, target)
 
@@ -300,34 +333,41 @@ async def _serve_relay(listen: tuple[str, int] | str, target: tuple[str, int] | 
     else:
         server = await asyncio.start_server(handle, *listen, reuse_address=True)
     if ready is not None:
-        ready.set()
+        ready()
     async with server:
         await server.serve_forever()
 
 
-class HostRelay:
-    """127.0.0.1:port here → a Unix socket, in a thread of this process."""
+class Relay:
+    """`listen` → `target` (each a (host, port) or a Unix socket's path), in a thread of this process."""
 
-    def __init__(self, port: int, socket_path: Path) -> None:
+    def __init__(self, listen: tuple[str, int] | str, target: tuple[str, int] | str) -> None:
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         self.task: asyncio.Task[None] | None = None
 
         def run() -> None:
             asyncio.set_event_loop(self.loop)
-            self.task = self.loop.create_task(_serve_relay(("127.0.0.1", port), str(socket_path), ready))
+            self.task = self.loop.create_task(_serve_relay(listen, target, ready.set))
             with contextlib.suppress(asyncio.CancelledError):
                 self.loop.run_until_complete(self.task)
 
-        self.thread = threading.Thread(target=run, name=f"coder-relay-{port}", daemon=True)
+        self.thread = threading.Thread(target=run, name=f"coder-relay-{listen}", daemon=True)
         self.thread.start()
         if not ready.wait(10):
-            raise CoderUnavailable(f"the relay to 127.0.0.1:{port} did not start")
+            raise CoderUnavailable(f"the relay on {listen} did not start")
 
     def close(self) -> None:
         if self.task is not None:
             self.loop.call_soon_threadsafe(self.task.cancel)
         self.thread.join(5)
+
+
+class HostRelay(Relay):
+    """127.0.0.1:port here → a Unix socket, in a thread of this process."""
+
+    def __init__(self, port: int, socket_path: Path) -> None:
+        super().__init__(("127.0.0.1", port), str(socket_path))
 
 
 def _inside_main(argv: list[str]) -> int:
@@ -340,6 +380,20 @@ def _inside_main(argv: list[str]) -> int:
     threading.Thread(target=lambda: os._exit(child.wait()), daemon=True).start()
     loop.run_until_complete(_serve_relay(socket_path, ("127.0.0.1", port)))
     return 0
+
+
+def _relay_main(argv: list[str]) -> int:
+    """`python -m kf_culler.local.coder relay PORT SOCKET READY`, run inside Coder's network namespace: relay
+    127.0.0.1:PORT there → SOCKET, and create the file READY once it listens."""
+    port, socket_path, ready = int(argv[0]), argv[1], Path(argv[2])
+    asyncio.new_event_loop().run_until_complete(_serve_relay(("127.0.0.1", port), socket_path, ready.touch))
+    return 0
+
+
+def _python_path() -> str:
+    """PYTHONPATH with this kf_culler's checkout first, for `python -m kf_culler.local.coder ...`."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    return os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
 
 
 # -- the API ----------------------------------------------------------------------------------------------
@@ -401,8 +455,7 @@ class CoderServer(procs.LocalServer):
             "CODER_SWAGGER_ENABLE": "false",
             "CODER_PROVISIONER_DAEMONS": str(self.provisioner_daemons),
         })
-        package_root = str(Path(__file__).resolve().parents[2])  # for `python -m kf_culler.local.coder inside`
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = _python_path()  # for `python -m kf_culler.local.coder inside`
         env.update(self.extra_env)
         return env
 
@@ -548,12 +601,15 @@ class CoderServer(procs.LocalServer):
         answer = self.request("POST", "/api/v2/files", data=buf.getvalue(), content_type="application/x-tar")
         return str(answer["hash"])
 
-    def push_template(self, name: str, main_tf: str = CODER_ONLY_TEMPLATE, timeout: float = 180) -> dict[str, Any]:
-        """Upload main.tf, build a template version (terraform init + plan here) and make a template."""
+    def push_template(self, name: str, main_tf: str = CODER_ONLY_TEMPLATE, timeout: float = 180,
+                      variables: dict[str, str] | None = None) -> dict[str, Any]:
+        """Upload main.tf, build a template version (terraform init + plan here) and make a template; `variables`
+        are the values of its Terraform variables (the template admin's, as `coder templates push --variable`)."""
         org = self.default_organization()["id"]
+        values = [{"name": k, "value": v} for k, v in (variables or {}).items()]
         version = self.post(f"/api/v2/organizations/{org}/templateversions",
                             {"storage_method": "file", "file_id": self.upload({"main.tf": main_tf}),
-                             "provisioner": "terraform", "tags": {}})
+                             "provisioner": "terraform", "tags": {}, "user_variable_values": values})
         self.wait_job(f"/api/v2/templateversions/{version['id']}", timeout)
         template: dict[str, Any] = self.post(f"/api/v2/organizations/{org}/templates",
                                              {"name": name, "template_version_id": version["id"]})
@@ -597,8 +653,39 @@ class CoderServer(procs.LocalServer):
         cmd = ["nsenter", f"--net=/proc/{self.proc.pid}/ns/net", "--", str(self.binaries.coder), "agent"]
         return procs.start(cmd, log, env=env, cwd=agent_dir)
 
+    # -- what Terraform reaches -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def reaching(self, port: int, timeout: float = 10) -> Iterator[None]:
+        """This machine's 127.0.0.1:`port` (e.g. a kind cluster's API server), reachable at the same address
+        inside Coder's network namespace, where its provisioner runs Terraform: a relay thread here from a Unix
+        socket in Coder's directory to it, and a relay process in the namespace from its 127.0.0.1:`port` to that
+        socket. Nothing listens anywhere else; the relays end on leaving."""
+        assert self.proc is not None
+        sock, ready = self.dir / f"reach-{port}.sock", self.dir / f"reach-{port}.ready"
+        out = Relay(str(sock), ("127.0.0.1", port))
+        env = {**os.environ, "PYTHONPATH": _python_path()}
+        cmd = ["nsenter", f"--net=/proc/{self.proc.pid}/ns/net", "--", sys.executable, "-m", "kf_culler.local.coder",
+               "relay", str(port), str(sock), str(ready)]
+        log = self.dir / f"reach-{port}.log"
+        proc = procs.start(cmd, log, env=env)
+        try:
+            def up() -> bool:
+                if proc.poll() is not None:
+                    raise CoderUnavailable(f"the relay into Coder's namespace exited ({proc.returncode}):\n"
+                                           f"{procs.tail(log)}")
+                return ready.exists()
+
+            procs.wait_until(up, timeout, 0.1, f"the relay to 127.0.0.1:{port} in Coder's namespace")
+            yield
+        finally:
+            procs.stop(proc)
+            out.close()
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "inside":
         sys.exit(_inside_main(sys.argv[2:]))
-    sys.exit("usage: python -m kf_culler.local.coder inside SOCKET PORT -- CMD...")
+    if len(sys.argv) == 5 and sys.argv[1] == "relay":
+        sys.exit(_relay_main(sys.argv[2:]))
+    sys.exit("usage: python -m kf_culler.local.coder inside SOCKET PORT -- CMD...\n"
+             "       python -m kf_culler.local.coder relay PORT SOCKET READY")

@@ -66,7 +66,8 @@ def kind_backend() -> KindBackend:
                        docker_host=values["DOCKER_HOST"])
 
 
-CLUSTER = "kf-culler-kind-test"
+# KF_CULLER_KIND_CLUSTER names it otherwise, e.g. for a benchmark run beside a test session on the same daemon.
+CLUSTER = os.environ.get("KF_CULLER_KIND_CLUSTER", "kf-culler-kind-test")
 
 
 class Kind:
@@ -153,9 +154,13 @@ def open_kind(backend: KindBackend) -> Iterator[Kind]:
         yield kind
     finally:
         cluster.delete()
-        # The build's Docker daemon outlives nothing it served: stopped once the cluster is gone.
-        subprocess.run(["bash", str(Path(__file__).resolve().parents[2] / "hack" / "kind" / "dockerd.sh"), "stop"],
-                       check=False)
+        # The build's Docker daemon outlives nothing it served: stopped once the cluster is gone, unless another
+        # kind cluster still runs on it.
+        others = subprocess.run([str(backend.kind_bin), "get", "clusters"], env=backend.env(), capture_output=True,
+                                text=True)
+        if others.returncode != 0 or not others.stdout.split():
+            subprocess.run(["bash", str(Path(__file__).resolve().parents[2] / "hack" / "kind" / "dockerd.sh"), "stop"],
+                           check=False)
         if saved is None:
             os.environ.pop("DOCKER_HOST", None)
         else:
