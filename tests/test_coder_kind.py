@@ -65,7 +65,7 @@ def test_the_culler_stops_the_idle_gpu_workspace_through_a_stop_build_and_the_wa
             print(f"\nthe culler's stop build to ws-b's pod Ready: {handoff.seconds:.1f} s (Ready to the second); "
                   f"the pass returning to Ready seen: {handoff.watched:.2f} s")
             stop = handoff.stop
-            assert stop.verdict.state == "idle" and stop.verdict.rule == "10-idle", stop.verdict
+            assert stop.verdict.state == "idle" and stop.verdict.rule_id == "10-idle", stop.verdict
             assert stop.write is not None and stop.write.outcome == "patched", stop.write
 
             # the stop build: made by the culler's Owner token, Terraform deleted the Deployment, kept the PVC
