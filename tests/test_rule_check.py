@@ -130,7 +130,7 @@ class _FakeRunner:
 
 def test_check_prints_the_warnings(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(cli, "_synced_runner", lambda args: _FakeRunner())
-    assert cli.cmd_check(argparse.Namespace(output="table")) == 0
+    assert cli.cmd_check(argparse.Namespace(output="table", compare_config=None)) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("# warning: rule 'long-for-labelled' loosens idleMinutes (600 > 60)")
 
