@@ -39,6 +39,7 @@ from kf_culler.replay.simulate import (
     Tally,
     _with_start,
     account_interval,
+    note_truth,
 )
 from kf_culler.replay.sweep_policy import SweptPolicy, work_at_stop
 from kf_culler.replay.trace import Record, read_trace
@@ -188,17 +189,7 @@ class CohortReplay:
             truth = rec.truth
             if truth is None:
                 truth_known = False
-            if truth == "absent" and nb.world_running:
-                if nb.absent_start is None:
-                    nb.absent_start = now
-            else:
-                nb.absent_start = None
-            if truth == "working":
-                if nb.prev_truth != "working":
-                    nb.work_run += 1
-                nb.idle_start = None
-            elif nb.idle_start is None:
-                nb.idle_start = now
+            note_truth(nb, truth, now)
             if self.keep_gpu and nb.world_running and any(self._may_decide(c, nb) for c in nb.cohorts) and \
                     "gpu" in (obs := rec.observations):
                 nb.gpu.merge(obs["gpu"], now, self.keep_gpu)

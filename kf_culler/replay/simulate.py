@@ -169,6 +169,32 @@ class Situation(Protocol):
     def absent_start(self) -> datetime | None: ...
 
 
+class TruthRuns(Protocol):
+    """A replay's notebook as the runs of its ground truth change it (`note_truth`)."""
+
+    world_running: bool
+    prev_truth: str | None
+    absent_start: datetime | None
+    idle_start: datetime | None
+    work_run: int
+
+
+def note_truth(nb: TruthRuns, truth: str | None, now: datetime) -> None:
+    """The runs of the ground truth at a record: when the user left (absent while the world runs), when it went
+    idle, and a new run of work. One place for the plain replay and the cohort replay (replay/cohorts.py)."""
+    if truth == "absent" and nb.world_running:
+        if nb.absent_start is None:
+            nb.absent_start = now
+    else:
+        nb.absent_start = None
+    if truth == "working":
+        if nb.prev_truth != "working":
+            nb.work_run += 1
+        nb.idle_start = None
+    elif nb.idle_start is None:
+        nb.idle_start = now
+
+
 def account_interval(nb: Situation, end: datetime, oracle_limit: timedelta,
                      runs: Iterable[tuple[bool, Tally]]) -> None:
     """Account [prev_time, end) with the situation after the previous record: the notebook's totals, and for
@@ -380,18 +406,7 @@ def replay(path: str | Path, rules: list[Contender], *, restart_delay_minutes: f
         truth = rec.truth
         if truth is None:
             truth_known = False
-        # runs of the ground truth
-        if truth == "absent" and nb.world_running:
-            if nb.absent_start is None:
-                nb.absent_start = now
-        else:
-            nb.absent_start = None
-        if truth == "working":
-            if nb.prev_truth != "working":
-                nb.work_run += 1
-            nb.idle_start = None
-        elif nb.idle_start is None:
-            nb.idle_start = now
+        note_truth(nb, truth, now)  # runs of the ground truth
 
         if keep_gpu and nb.world_running and any(_may_decide(run, nb) for run in nb.runs) and \
                 "gpu" in (obs := rec.observations):
