@@ -60,6 +60,8 @@ from kf_culler.model import STOP_ANNOTATION
 pytestmark = [pytest.mark.cluster]
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 90.0
+# RemoveReconciliationLock's wait for a pull secret (1 s, then 5 s) and its patch, with a margin.
+LOCK_REMOVAL_SECONDS = 9.0
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "notebooks"
 
 
@@ -168,6 +170,23 @@ class Env:
         sts = self.statefulset(name)
         assert sts is not None
         return sts
+
+    def lock_settled(self, name: str) -> None:
+        """Wait until no removal of `name`'s lock has started for LOCK_REMOVAL_SECONDS. odh-notebook-controller's
+        RemoveReconciliationLock can run a second time, from a reconcile that read its cache before the first
+        removal landed; it waits (1 s, then 5 s, for an image pull secret) and then merge-patches the stop
+        annotation to null whatever it holds by then (test_stop_written_while_the_lock_is_removed_is_erased), so a
+        stop written in between is erased. A test that writes a stop right after the lock is gone waits for this;
+        the culler's own start-up grace (10 minutes in the openshift-ai overlay) covers it on a cluster."""
+        def removals() -> int:
+            return self.odh.log_count("Removing reconciliation lock", notebook=name, namespace=self.namespace)
+
+        seen, quiet_since, deadline = removals(), time.monotonic(), time.monotonic() + TIMEOUT
+        while time.monotonic() - quiet_since < LOCK_REMOVAL_SECONDS:
+            assert time.monotonic() < deadline, f"{name}'s lock removals never settled ({seen} so far)"
+            time.sleep(0.5)
+            if (now := removals()) != seen:
+                seen, quiet_since = now, time.monotonic()
 
 
 def controlled_by(obj: dict[str, Any], notebook: dict[str, Any]) -> bool:
@@ -318,6 +337,7 @@ def test_stop_annotation_scales_to_zero_and_is_left_alone(env: Env) -> None:
     e = env
     e.create(odh_notebook_body(e.namespace, "wb3"))
     e.running("wb3")
+    e.lock_settled("wb3")
     stopped_at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     e.annotate("wb3", STOP_ANNOTATION, stopped_at)
     e.wait("wb3 scaled to 0", lambda: e.replicas("wb3") == 0, seen=lambda: e.replicas("wb3"))
@@ -474,8 +494,9 @@ def test_the_culler_stops_an_idle_workbench_and_never_touches_the_lock(env: Env)
             if env.annotations("wb").get(STOP_ANNOTATION) == LOCK_VALUE and locked:
                 assert locked[0].verdict.rule_id == "1-stopped" and locked[0].write is None  # the lock: nothing written
             env.running("wb")
+            env.lock_settled("wb")
             time.sleep(1)  # the cache sees the lock gone
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while (r := next(x for x in runner.once().results if x.name == "wb")).verdict.action != "stop":
                 assert r.verdict.rule_id != "3-restarted", r.verdict  # the lock's removal is no restart
                 assert time.monotonic() < deadline, r.verdict
@@ -670,6 +691,7 @@ def test_the_proxy_refuses_other_tokens_and_the_culler_stops_an_idle_workbench_t
     with culler_identity(e, tmp_path) as sa_api, JupyterServer(e.namespace, "wb") as server:
         e.create(odh_notebook_body(e.namespace, "wb", inject_auth=True))
         e.running("wb")
+        e.lock_settled("wb")
         sidecar = e.odh.start_sidecar(e.namespace, "wb", f"http://127.0.0.1:{server.port}/")
         try:
             quick = {"idleMinutes": 0.05, "warnMinutes": 0, "startupGraceMinutes": 0.05}
@@ -703,7 +725,7 @@ def test_the_proxy_refuses_other_tokens_and_the_culler_stops_an_idle_workbench_t
             # Through the proxy with the prober's token: idle, stopped, scaled to 0 by ODH's fork.
             settings = proxy_settings(e, sidecar, **quick)
             prober = ProberTokens(settings.operations.probe.auth_proxy, sa_api, e.namespace)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while (r := one_pass(settings, sa_api, e.namespace, prober)).verdict.action != "stop":
                 assert "error" not in r.observations.get("jupyter", {}), r.observations
                 assert time.monotonic() < deadline, r.verdict

@@ -443,11 +443,13 @@ class OdhControllers:
     # -- reading what the controllers did --------------------------------------------------------
     def logged(self, message: str, process: str = ODH, **fields: str) -> bool:
         """Whether the JSON log of `process` has a line with msg `message` and these field values."""
+        return self.log_count(message, process, **fields) > 0
+
+    def log_count(self, message: str, process: str = ODH, **fields: str) -> int:
+        """How many lines of the JSON log of `process` have msg `message` and these field values."""
         pattern = [f'"msg":"{re.escape(message)}"'] + [f'"{k}":"{re.escape(v)}"' for k, v in fields.items()]
-        for line in self.cluster.logs[process].read_text(errors="replace").splitlines():
-            if all(re.search(p, line) for p in pattern):
-                return True
-        return False
+        return sum(all(re.search(p, line) for p in pattern)
+                   for line in self.cluster.logs[process].read_text(errors="replace").splitlines())
 
 
 @dataclass
