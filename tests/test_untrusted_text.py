@@ -39,7 +39,7 @@ RAW_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u206
 
 def notice(kind: str = "warn", reason: str = MARKUP, **kw: Any) -> Notice:
     base: dict[str, Any] = {"kind": kind, "namespace": "team-a", "name": "nb-1", "uid": "u-1", "reason": reason,
-                            "state": "idle", "rule": "9-idle", "at": NOW, "stop_at": NOW + timedelta(minutes=10),
+                            "state": "idle", "rule_id": "9-idle", "at": NOW, "stop_at": NOW + timedelta(minutes=10),
                             "max_extend_minutes": 60}
     return Notice(**{**base, **kw})
 
