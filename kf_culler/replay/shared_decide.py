@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, cast
 
 from pydantic import BaseModel
@@ -131,14 +132,18 @@ class Evidences:
         return None
 
 
+def _split(log: list[tuple[Path, object]]) -> Reads:
+    """The paths read, and the values they gave, of a log."""
+    return tuple(map(itemgetter(0), log)), tuple(map(itemgetter(1), log))
+
+
 def traced_decide(view: SessionView, observations: dict[str, Any], policy: Policy, now: datetime,
-                  evidences: Evidences | None = None, signatures: Signatures | None = None
-                  ) -> tuple[Verdict, Reads | None]:
+                  evidences: Evidences | None = None, known: _Known | None = None) -> tuple[Verdict, Reads | None]:
     """decide_view's verdict, and the policy reads it made (None when one could not be compared). `evidences`:
-    what earlier calls on the same view, observations and time read; `signatures`: where the policy's proxy is
-    kept between calls."""
+    what earlier calls on the same view, observations and time read; `known`: the policy's proxy, kept between
+    calls (Signatures)."""
     evidences = evidences if evidences is not None else Evidences()
-    known = signatures.known(policy) if signatures is not None else _Known(policy)
+    known = known if known is not None else _Known(policy)
     log = known.log
     log.clear()
     reading = cast(Policy, known.reading)
@@ -146,24 +151,41 @@ def traced_decide(view: SessionView, observations: dict[str, Any], policy: Polic
         found = evidences.of(known)
         if found is None:
             ev = read_evidence(view, observations, reading, now, evidences.parsed)
-            evidences.read.append((tuple(p for p, _ in log), tuple(v for _, v in log), ev))
+            evidences.read.append((*_split(log), ev))
         else:
             paths, values, ev = found
             log.extend(zip(paths, values, strict=True))
         verdict = decide_evidence(ev, reading, now)
     except _Opaque:
         return decide_view(view, observations, policy, now, parsed=evidences.parsed), None
-    return verdict, (tuple(p for p, _ in log), tuple(v for _, v in log))
+    return verdict, _split(log)
+
+
+class _Sorted:
+    """The policies of one list, with their proxies, sorted by the values they give at each set of reads asked."""
+
+    def __init__(self, known: list[_Known]) -> None:
+        self.known = known
+        self._parts: dict[tuple[Path, ...], dict[tuple[object, ...], list[int]]] = {}
+
+    def partition(self, paths: tuple[Path, ...]) -> dict[tuple[object, ...], list[int]]:
+        """values -> the positions in the list of the policies that give them at paths."""
+        found = self._parts.get(paths)
+        if found is None:
+            found = self._parts[paths] = {}
+            for i, known in enumerate(self.known):
+                found.setdefault(tuple(map(known.at, paths)), []).append(i)
+        return found
 
 
 class Signatures:
     """What the sweep knows of its policies (a policy's values never change; the policies are the sweep's, alive
-    while it runs): each one's proxy and the values it gave, and the policies of a list sorted by the values they
-    give at a set of reads."""
+    while it runs): each one's proxy and the values it gave, and the policies of each list sorted by the values
+    they give at a set of reads."""
 
     def __init__(self) -> None:
-        self._parts: dict[tuple[tuple[int, ...], tuple[Path, ...]], dict[tuple[object, ...], list[int]]] = {}
         self._known: dict[int, _Known] = {}
+        self._sorted: dict[tuple[int, ...], _Sorted] = {}
 
     def known(self, policy: Policy) -> _Known:
         """The policy's proxy and the values it gave (kept with it, so its id stays its own)."""
@@ -172,15 +194,11 @@ class Signatures:
             found = self._known[id(policy)] = _Known(policy)
         return found
 
-    def partition(self, policies: Sequence[Policy], paths: tuple[Path, ...]) -> dict[tuple[object, ...], list[int]]:
-        """values -> the positions in policies of those that give them at paths."""
-        key = (tuple(map(id, policies)), paths)
-        found = self._parts.get(key)
+    def sorted(self, policies: Sequence[Policy]) -> _Sorted:
+        key = tuple(map(id, policies))
+        found = self._sorted.get(key)
         if found is None:
-            found = {}
-            for i, policy in enumerate(policies):
-                found.setdefault(tuple(map(self.known(policy).at, paths)), []).append(i)
-            self._parts[key] = found
+            found = self._sorted[key] = _Sorted([self.known(p) for p in policies])
         return found
 
 
@@ -192,9 +210,10 @@ def shared_verdicts(view: SessionView, observations: dict[str, Any], policies: S
     pending = set(range(len(policies)))
     calls = 0
     evidences = Evidences()  # each source parsed, and the evidence read, once for all these decisions
+    known = signatures.sorted(policies)
     while pending:
         first = min(pending)
-        verdict, reads = traced_decide(view, observations, policies[first], now, evidences, signatures)
+        verdict, reads = traced_decide(view, observations, policies[first], now, evidences, known.known[first])
         calls += 1
         if reads is None:
             out.append((verdict, [first]))
@@ -203,7 +222,7 @@ def shared_verdicts(view: SessionView, observations: dict[str, Any], policies: S
                 calls += 1
             break
         paths, values = reads
-        same = [i for i in signatures.partition(policies, paths).get(values, ()) if i in pending]
+        same = [i for i in known.partition(paths).get(values, ()) if i in pending]
         if first not in same:  # not reached: a policy gives its own values
             same.append(first)
         pending.difference_update(same)
