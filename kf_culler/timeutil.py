@@ -41,10 +41,18 @@ def from_epoch_ms(value: object) -> datetime | None:
         return None
 
 
+_DELTAS: dict[float, timedelta] = {}  # add_minutes' timedeltas: a few policy values, each built once
+
+
 def add_minutes(moment: datetime, minutes: float) -> datetime:
     """moment + minutes, saturating at the ends of the calendar instead of overflowing."""
+    delta = _DELTAS.get(minutes)
     try:
-        return moment + timedelta(minutes=minutes)
+        if delta is None:
+            delta = timedelta(minutes=minutes)  # most of this function's cost, were it built at every call
+            if len(_DELTAS) < 1024:
+                _DELTAS[minutes] = delta
+        return moment + delta
     except OverflowError:
         return MAX_TIME if minutes > 0 else MIN_TIME
 
