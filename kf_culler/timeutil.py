@@ -41,10 +41,18 @@ def from_epoch_ms(value: object) -> datetime | None:
         return None
 
 
+_DELTAS: dict[float, timedelta] = {}  # add_minutes' timedeltas: a few policy values, each built once
+
+
 def add_minutes(moment: datetime, minutes: float) -> datetime:
     """moment + minutes, saturating at the ends of the calendar instead of overflowing."""
+    delta = _DELTAS.get(minutes)
     try:
-        return moment + timedelta(minutes=minutes)
+        if delta is None:
+            delta = timedelta(minutes=minutes)  # most of this function's cost, were it built at every call
+            if len(_DELTAS) < 1024:
+                _DELTAS[minutes] = delta
+        return moment + delta
     except OverflowError:
         return MAX_TIME if minutes > 0 else MIN_TIME
 
@@ -78,4 +86,5 @@ def clock_text(t: datetime, now: datetime) -> str:
     """A time as a reason shows it: `09:00 UTC` on the day of `now`, the full timestamp on another day."""
     if t.date() != now.date():
         return format_time(t)
-    return f"{t:%H:%M} UTC" if t.second == 0 else f"{t:%H:%M:%S} UTC"
+    # %H:%M(:%S) written out: strftime is most of this function's cost, and reasons show a time twice
+    return f"{t.hour:02d}:{t.minute:02d} UTC" if t.second == 0 else f"{t.hour:02d}:{t.minute:02d}:{t.second:02d} UTC"

@@ -48,7 +48,7 @@ from kf_culler.sources.dcgm import DcgmScraper
 from kf_culler.sources.gpu import MEMORY, UTIL, PrometheusGpu
 from kf_culler.sources.prometheus import PromError, PrometheusClient
 from kf_culler.sources.rstudio import PrometheusRStudio
-from kf_culler.timeutil import from_epoch_ms, parse_time
+from kf_culler.timeutil import MAX_TIME, MIN_TIME, add_minutes, clock_text, format_time, from_epoch_ms, parse_time
 
 EXAMPLES = 10_000
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -424,3 +424,26 @@ def test_absurd_gpu_quantity_in_the_template_gives_a_verdict(quantity: Any) -> N
         {"name": "a", "resources": {"limits": {"nvidia.com/gpu": quantity}}},
         {"name": "b", "resources": {"limits": {"nvidia.com/gpu": quantity}}}]}}}}
     _verdict_ok(decide(nb, None, {}, Policy(), NOW))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.datetimes(timezones=st.just(UTC)), st.datetimes(timezones=st.just(UTC)))
+def test_clock_text_is_the_strftime_form(t: datetime, now: datetime) -> None:
+    """Reasons show a time of now's day as `%H:%M UTC` (with `:%S` when it has seconds), another day's in full."""
+    expected = (format_time(t) if t.date() != now.date()
+                else t.strftime("%H:%M UTC") if t.second == 0 else t.strftime("%H:%M:%S UTC"))
+    assert clock_text(t, now) == expected
+    assert clock_text(t, t.replace(hour=0, minute=0, second=0)) == t.strftime(
+        "%H:%M UTC" if t.second == 0 else "%H:%M:%S UTC")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.datetimes(timezones=st.just(UTC)), st.floats(allow_nan=False) | st.integers(-10**12, 10**12))
+def test_add_minutes_is_the_sum_or_the_calendar_end(moment: datetime, minutes: float) -> None:
+    """add_minutes keeps the timedeltas it built: the second call gives what the first did, the plain sum."""
+    try:
+        expected = moment + timedelta(minutes=minutes)
+    except OverflowError:
+        expected = MAX_TIME if minutes > 0 else MIN_TIME
+    assert add_minutes(moment, minutes) == expected
+    assert add_minutes(moment, minutes) == expected

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, cast
 
 from pydantic import BaseModel
@@ -38,23 +39,74 @@ class _Opaque(Exception):
     """decide used something of the policy that is not a plain value."""
 
 
+class _Known:
+    """One policy as the proxy reads it: what each path gave (a policy's values never change, so each is got
+    once), the proxy itself (kept, with its nested settings' proxies) and the reads of the call under way."""
+
+    __slots__ = ("log", "policy", "reading", "values")
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.values: dict[Path, object] = {}  # path -> (type, value), as value_at gives it
+        self.log: list[tuple[Path, object]] = []  # the reads of one traced_decide call, in order
+        self.reading = _reading(policy, (), self)
+
+    def at(self, path: Path) -> object:
+        """value_at(self.policy, path), got once."""
+        found = self.values.get(path)
+        if found is None:
+            found = self.values[path] = value_at(self.policy, path)
+        return found
+
+
 class _Reading:
-    """A policy (or one of its nested settings) that notes every attribute read through it."""
+    """A policy (or one of its nested settings) that notes every attribute read through it in its _Known's log.
+    Made by `_reading`, as an instance of a subclass with a property for each of the model's fields."""
 
-    __slots__ = ("_log", "_obj", "_path")
+    __slots__ = ("_known", "_obj", "_path", "_seen")
 
-    def __init__(self, obj: BaseModel, path: Path, log: list[tuple[Path, object]]) -> None:
-        self._obj, self._path, self._log = obj, path, log
+    def __init__(self, obj: BaseModel, path: Path, known: _Known) -> None:
+        self._obj, self._path, self._known = obj, path, known
+        self._seen: dict[str, _Reading | tuple[Path, object]] = {}  # name -> its proxy, or (path, (type, value))
 
-    def __getattr__(self, name: str) -> Any:
+    def _read(self, name: str) -> Any:
+        seen = self._seen.get(name)
+        if seen is None:
+            seen = self._seen[name] = self._first_read(name)
+        if isinstance(seen, _Reading):
+            return seen
+        self._known.log.append(seen)
+        return cast(tuple[type, Any], seen[1])[1]
+
+    __getattr__ = _read  # what is not a field (a property or a method of the model): read the slow way
+
+    def _first_read(self, name: str) -> _Reading | tuple[Path, object]:
         value = getattr(self._obj, name)
         path = (*self._path, name)
         if isinstance(value, BaseModel):
-            return _Reading(value, path, self._log)
+            return _reading(value, path, self._known)
         if callable(value):
             raise _Opaque(".".join(path))
-        self._log.append((path, (type(value), value)))
-        return value
+        noted = self._known.values[path] = (type(value), value)
+        return path, noted
+
+
+_READINGS: dict[type[BaseModel], type[_Reading]] = {}
+
+
+def _field(name: str) -> property:
+    return property(lambda self: self._read(name))
+
+
+def _reading(obj: BaseModel, path: Path, known: _Known) -> _Reading:
+    """A proxy of obj. Its class has a property for each field of obj's model: a read found on the class costs a
+    fraction of one that goes through __getattr__ (Python tries the usual lookup first and raises inside)."""
+    model = type(obj)
+    cls = _READINGS.get(model)
+    if cls is None:
+        cls = _READINGS[model] = type(f"_Reading{model.__name__}", (_Reading,),
+                                      {"__slots__": (), **{name: _field(name) for name in model.model_fields}})
+    return cls(obj, path, known)
 
 
 def value_at(policy: Policy, path: Path) -> object:
@@ -73,50 +125,80 @@ class Evidences:
         self.parsed: dict[str, object] = {}  # each source parsed once (decide_view's `parsed`)
         self.read: list[tuple[tuple[Path, ...], tuple[object, ...], Evidence]] = []
 
-    def of(self, policy: Policy) -> tuple[tuple[Path, ...], tuple[object, ...], Evidence] | None:
+    def of(self, known: _Known) -> tuple[tuple[Path, ...], tuple[object, ...], Evidence] | None:
         for paths, values, ev in self.read:
-            if tuple(value_at(policy, p) for p in paths) == values:
+            if tuple(map(known.at, paths)) == values:
                 return paths, values, ev
         return None
 
 
+def _split(log: list[tuple[Path, object]]) -> Reads:
+    """The paths read, and the values they gave, of a log."""
+    return tuple(map(itemgetter(0), log)), tuple(map(itemgetter(1), log))
+
+
 def traced_decide(view: SessionView, observations: dict[str, Any], policy: Policy, now: datetime,
-                  evidences: Evidences | None = None) -> tuple[Verdict, Reads | None]:
+                  evidences: Evidences | None = None, known: _Known | None = None) -> tuple[Verdict, Reads | None]:
     """decide_view's verdict, and the policy reads it made (None when one could not be compared). `evidences`:
-    what earlier calls on the same view, observations and time read."""
+    what earlier calls on the same view, observations and time read; `known`: the policy's proxy, kept between
+    calls (Signatures)."""
     evidences = evidences if evidences is not None else Evidences()
-    log: list[tuple[Path, object]] = []
-    reading = cast(Policy, _Reading(policy, (), log))
+    known = known if known is not None else _Known(policy)
+    log = known.log
+    log.clear()
+    reading = cast(Policy, known.reading)
     try:
-        found = evidences.of(policy)
+        found = evidences.of(known)
         if found is None:
             ev = read_evidence(view, observations, reading, now, evidences.parsed)
-            evidences.read.append((tuple(p for p, _ in log), tuple(v for _, v in log), ev))
+            evidences.read.append((*_split(log), ev))
         else:
             paths, values, ev = found
             log.extend(zip(paths, values, strict=True))
         verdict = decide_evidence(ev, reading, now)
     except _Opaque:
         return decide_view(view, observations, policy, now, parsed=evidences.parsed), None
-    return verdict, (tuple(p for p, _ in log), tuple(v for _, v in log))
+    return verdict, _split(log)
+
+
+class _Sorted:
+    """The policies of one list, with their proxies, sorted by the values they give at each set of reads asked."""
+
+    def __init__(self, known: list[_Known]) -> None:
+        self.known = known
+        self._parts: dict[tuple[Path, ...], dict[tuple[object, ...], list[int]]] = {}
+
+    def partition(self, paths: tuple[Path, ...]) -> dict[tuple[object, ...], list[int]]:
+        """values -> the positions in the list of the policies that give them at paths."""
+        found = self._parts.get(paths)
+        if found is None:
+            found = self._parts[paths] = {}
+            for i, known in enumerate(self.known):
+                found.setdefault(tuple(map(known.at, paths)), []).append(i)
+        return found
 
 
 class Signatures:
-    """The policies of a list sorted by the values they give at a set of reads, kept (a policy's values never
-    change; the policies are the sweep's, alive while it runs)."""
+    """What the sweep knows of its policies (a policy's values never change; the policies are the sweep's, alive
+    while it runs): each one's proxy and the values it gave, and the policies of each list sorted by the values
+    they give at a set of reads."""
 
     def __init__(self) -> None:
-        self._parts: dict[tuple[tuple[int, ...], tuple[Path, ...]], dict[tuple[object, ...], list[int]]] = {}
+        self._known: dict[int, _Known] = {}
+        self._sorted: dict[tuple[int, ...], _Sorted] = {}
 
-    def partition(self, policies: Sequence[Policy], paths: tuple[Path, ...]) -> dict[tuple[object, ...], list[int]]:
-        """values -> the positions in policies of those that give them at paths."""
-        key = (tuple(map(id, policies)), paths)
-        found = self._parts.get(key)
+    def known(self, policy: Policy) -> _Known:
+        """The policy's proxy and the values it gave (kept with it, so its id stays its own)."""
+        found = self._known.get(id(policy))
         if found is None:
-            found = {}
-            for i, policy in enumerate(policies):
-                found.setdefault(tuple(value_at(policy, p) for p in paths), []).append(i)
-            self._parts[key] = found
+            found = self._known[id(policy)] = _Known(policy)
+        return found
+
+    def sorted(self, policies: Sequence[Policy]) -> _Sorted:
+        key = tuple(map(id, policies))
+        found = self._sorted.get(key)
+        if found is None:
+            found = self._sorted[key] = _Sorted([self.known(p) for p in policies])
         return found
 
 
@@ -128,9 +210,10 @@ def shared_verdicts(view: SessionView, observations: dict[str, Any], policies: S
     pending = set(range(len(policies)))
     calls = 0
     evidences = Evidences()  # each source parsed, and the evidence read, once for all these decisions
+    known = signatures.sorted(policies)
     while pending:
         first = min(pending)
-        verdict, reads = traced_decide(view, observations, policies[first], now, evidences)
+        verdict, reads = traced_decide(view, observations, policies[first], now, evidences, known.known[first])
         calls += 1
         if reads is None:
             out.append((verdict, [first]))
@@ -139,7 +222,7 @@ def shared_verdicts(view: SessionView, observations: dict[str, Any], policies: S
                 calls += 1
             break
         paths, values = reads
-        same = [i for i in signatures.partition(policies, paths).get(values, ()) if i in pending]
+        same = [i for i in known.partition(paths).get(values, ()) if i in pending]
         if first not in same:  # not reached: a policy gives its own values
             same.append(first)
         pending.difference_update(same)
