@@ -2,9 +2,10 @@
 # Everything kf-culler's demo and tests need on a fresh machine; idempotent (seconds when done before).
 #
 #   bash hack/setup.sh            # Python package + test deps, control plane, notebook-controller,
-#                                 # the Workspace controller and backend, Kubeflow's web app, Prometheus, code-server,
-#                                 # Chromium, JupyterLab
+#                                 # Kubeflow's web app, Prometheus, code-server, Chromium, JupyterLab
 #                                 # with kf-culler's extension, the code-server extension
+#                                 # (the Workspace controller and backend, the image, Coder, kind and ODH are
+#                                 # built by hack/background-builds.sh while the tests run, or on first use)
 #   KF_CULLER_SETUP=minimal ...   # only the Python package and the API-server binaries (the demo's needs)
 #
 # Heavy builds go to ~/.cache/kf-culler (outside the repository), keyed by version.
@@ -50,10 +51,6 @@ step "control plane from upstream Go modules (cached after the first build)" \
   quiet bash hack/controlplane/build.sh cluster
 step "Kubeflow's notebook-controller v1.11.0 (Go module proxy, else its source)" \
   quiet bash hack/controlplane/build.sh all
-step "Kubeflow Notebooks 2.0's Workspace controller v2.0.0-beta.0 (vendored source)" \
-  quiet bash hack/controlplane/build.sh workspaces
-step "Kubeflow Notebooks 2.0's backend v2.0.0-beta.0 (vendored source)" \
-  quiet bash hack/controlplane/build.sh workspaces-backend
 step "Kubeflow's Jupyter web app backend v1.11.0 (its own virtualenv)" quiet bash hack/webapp/install.sh
 step "Prometheus (Debian package)" quiet apt_prometheus
 apt_postgresql() {

@@ -16,14 +16,24 @@ from support.target import KubeTarget, Unavailable, open_target
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT.parent / "shared" / "scenarios"
-# Tests whose components hack/test.sh builds in the background while the others run (kf-culler's image, Coder,
-# Terraform, the kind backend, Open Data Hub's controllers: hack/background-builds.sh): they run last, and their
-# harness waits for the build.
+# Tests whose components hack/test.sh builds in the background while the others run (hack/background-builds.sh),
+# in the order it builds them: Kubeflow Notebooks 2.0's Workspace controller and backend first, then kf-culler's
+# image, Coder and Terraform, the kind backend, Open Data Hub's controllers. They run last, group by group, and
+# their harness waits for the build.
+WORKSPACES_LATE = ("test_e2e_workspaces", "test_workspace_controller", "test_demo.py::test_demo_target_workspaces")
 LATE = ("test_coder_", "test_image", "test_kind_", "test_odh_")
 
 
+def late_group(item: pytest.Item) -> int:
+    """0 for a test that needs nothing built in the background, 1 for the Workspaces' tests, 2 for the rest."""
+    where = f"{item.path.name}::{item.name}"
+    if where.startswith(WORKSPACES_LATE):
+        return 1
+    return 2 if item.path.name.startswith(LATE) else 0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name.startswith(LATE))  # stable: the others keep their order
+    items.sort(key=late_group)  # stable: the others keep their order
 
 
 @pytest.fixture(scope="session")

@@ -125,7 +125,8 @@ def test_demo_gpu_hands_the_idle_notebooks_gpu_to_the_waiting_one() -> None:
 @pytest.mark.slow
 def test_demo_target_workspaces_pauses_the_idle_workspace() -> None:
     """`kf-culler demo --target workspaces` end to end: the full local cluster, Kubeflow's Workspace controller
-    (built by hack/setup.sh), the idle Workspace paused with its reason, the busy one kept, nothing left."""
+    (built on first use, or by hack/background-builds.sh beside the tests), the idle Workspace paused with its
+    reason, the busy one kept, nothing left."""
     mark, env = demo_env()
     done = subprocess.run([sys.executable, "-m", "kf_culler", "demo", "--target", "workspaces"],
                           capture_output=True, text=True, timeout=600, env=env)

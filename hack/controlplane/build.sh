@@ -46,6 +46,15 @@ command -v go >/dev/null 2>&1 || die "Go is not installed or not on PATH; instal
 command -v python3 >/dev/null 2>&1 || die "python3 is needed to read the upstream go.mod"
 mkdir -p "$BIN_DIR" "$BUILD_ROOT"
 BUILD_ROOT=$(cd "$BUILD_ROOT" && pwd)
+# One build at a time per set of binaries: a test that needs the Workspace controller while
+# hack/background-builds.sh builds it waits here, then finds it cached. The Workspaces' two binaries have
+# locks of their own, so a test asking for kube-apiserver never waits behind them.
+case "$set_name" in
+  workspaces|workspaces-backend) lock=$set_name ;;
+  *) lock=core ;;
+esac
+exec 9>"$BIN_DIR/.build-$lock.lock"
+flock 9
 export GOFLAGS="${GOFLAGS:-} -mod=mod"
 export CGO_ENABLED=0
 
