@@ -334,9 +334,9 @@ def run_child(params_path: str) -> int:
     import yaml
 
     from kf_culler.config import load_mapping
-    from kf_culler.cycle import NotebookResult
+    from kf_culler.cycle import Memory, NotebookResult
     from kf_culler.kube.client import api_client
-    from kf_culler.runner import Runner
+    from kf_culler.runner import build_runner
 
     settings = load_mapping(yaml.safe_load(Path(params["config"]).read_text()), params["config"])
     period = settings.operations.check_period_seconds
@@ -373,7 +373,6 @@ def run_child(params_path: str) -> int:
             m = lookup(spec, r.namespace, r.name)
             per_class[f"events:{m.cls if m else 'other'}"] += 1
 
-    runner = Runner(settings, api, on_result=on_result, on_event=on_event)
     replicas, index = int(params.get("replicas", 1)), int(params.get("index", 0))
     shards_held: list[int] = []
     manager: Any = None
@@ -383,7 +382,6 @@ def run_child(params_path: str) -> int:
 
         manager = ShardManager(api, "default", "kf-culler", f"bench-{index}", settings.operations.shards)
         manager.start()
-        runner.owns = manager.owns
         floor = fair_share(settings.operations.shards, replicas)[0]
         limit = time.monotonic() + 120
         while time.monotonic() < limit and not (manager.live_replicas == replicas and len(manager.held()) >= floor):
@@ -391,6 +389,8 @@ def run_child(params_path: str) -> int:
         time.sleep(2 * manager.renew_seconds)  # the last shard settles
         shards_held = manager.held()
         log(f"replica {index}: holding shards {shards_held} of {settings.operations.shards}")
+    runner = build_runner(settings, api, on_result=on_result, on_event=on_event,
+                          owns=manager.owns if manager is not None else None)
     cpu0, t0 = time.process_time(), time.monotonic()
     log(f"RSS before the list+watch sync {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB")
     runner.start_cache(timeout=float(params["syncTimeout"]))
@@ -400,9 +400,13 @@ def run_child(params_path: str) -> int:
             "api": dict(counting.snapshot()), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0),
             "peakRssMiB": own_peak_rss_mib()}
 
+    memory = [Memory()]  # what each pass remembers for the next
+
     def measured(label: str) -> dict[str, Any]:
         api0, cls0, cpu0, w0 = counting.snapshot(), Counter(per_class), time.process_time(), time.monotonic()
-        result = runner.once(wait_events=False)  # as `run` does: the Events go out while it waits for the next pass
+        # as `run` does: after the last pass, and the Events go out while it waits for the next pass
+        result = runner.once(memory[0], wait_events=False)
+        memory[0] = result.memory
         wall = time.monotonic() - w0
         result.wait_events()
         out: dict[str, Any] = {
@@ -474,7 +478,7 @@ def run_child(params_path: str) -> int:
     time.sleep(max(0.0, deadline - time.monotonic()))
     window = time.monotonic() - steady_start
     steady_api = diff(counting.snapshot(), api_steady0)
-    runner.cache.close() if runner.cache else None
+    runner.cache.close()
     latencies = {n: stops[n] - cross[n] for n in cross if n in stops}
     out = {
         "sync": sync, "cycles": cycles, "steadyWindowSeconds": window,

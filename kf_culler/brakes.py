@@ -103,7 +103,7 @@ class Seen:
 
 @dataclass(frozen=True)
 class BrakeState:
-    """What the brakes remember between passes (the runner keeps it; start from BrakeState())."""
+    """What the brakes remember between passes (carried in the runner's Memory; start from BrakeState())."""
 
     last: Mapping[Key, Previous] = field(default_factory=dict)  # key -> (state, action) in the previous pass
     held_until: datetime | None = None

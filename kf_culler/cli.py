@@ -170,12 +170,8 @@ def _compared(runner: Runner, other: Settings, path: str, fmt: str, warnings: li
     """`check --compare-config`: one pass, and each of its notebooks decided again with `other`."""
     from kf_culler import compare_verdicts
 
-    if other.needs_namespace_labels and runner.namespace_labels is None:  # the other's rules read them
-        from kf_culler.kube.namespaces import NamespaceLabels
-
-        runner.namespace_labels = NamespaceLabels(runner.api)
     result = runner.once()
-    rows = compare_verdicts.compare(result, runner.last_items, runner.build_cycle(), other)
+    rows = compare_verdicts.compare(result, result.items, runner.build_cycle(), other)
     return compare_verdicts.render(rows, result, fmt, path,
                                    [*warnings, *compare_verdicts.warnings_for(runner.settings, other, path)])
 
@@ -194,8 +190,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if isinstance(runner, int):
         return runner
     try:
-        assert runner.cache is not None
-        items = [(nb, pod) for nb, pod in runner.cache.snapshot() + runner.coder_items()
+        items = [(nb, pod) for nb, pod in runner.cache.snapshot() + runner.coder_items()[0]
                  if session_key(nb) == key]
         if not items:
             print(f"kf-culler explain: notebook {ns}/{name} not found", file=sys.stderr)

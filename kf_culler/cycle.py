@@ -33,6 +33,7 @@ from kf_culler.session import SessionView, node_gpu_model
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
 from kf_culler.targets import KINDS, SessionKey, fairness_key, session_key, target_of, uid_of
+from kf_culler.targets.pairing import Orphan
 
 if TYPE_CHECKING:
     from kf_culler.notify.notifier import Notifier
@@ -91,6 +92,36 @@ class NotebookResult:
     pod_uid: str | None = None  # the uid of the pod the pass paired with it (a request to extend must come from it)
 
 
+@dataclass(frozen=True)
+class CoderSeen:
+    """What the runner remembers of Coder's API between passes (`targets: [coder]`): its last list of workspaces
+    (kept for a pass it cannot be read in: those workspaces get no signal; None before a first list), why the last
+    list failed (None: it did not), how many workspaces it listed beyond coder.maxWorkspaces, and whether the
+    token's roles were checked."""
+
+    listed: list[dict[str, Any]] | None = None
+    problem: str | None = None
+    unjudged: int = 0
+    user_checked: bool = False
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What a pass of the runner remembers for the next: returned in its CycleResult (`memory`), given to the
+    next `Runner.once`; `run`'s loop keeps it in a local variable. Start from Memory()."""
+
+    slow: frozenset[tuple[str, str]] = frozenset()  # notebooks slow to answer (the last CycleResult's `slow`)
+    brake_state: BrakeState = field(default_factory=BrakeState)  # the brakes' memory (kf_culler/brakes.py)
+    coder: CoderSeen = field(default_factory=CoderSeen)
+    orphans_told: frozenset[str] = frozenset()  # uids of the GPU orphans an Event was sent about
+    contested_told: frozenset[tuple[str, str, str]] = frozenset()  # contested GPU series an Event was sent about
+    # The pass's Events, maybe still going out (kf_culler/kube/event_tail.py): the next pass waits for them first
+    # and sends again those that could not be sent.
+    events: EventTail[NotebookResult] | None = None
+    cycles: int = 0  # passes run
+    last_cycle_end: float = 0.0  # time.monotonic() at the end of the last pass
+
+
 @dataclass
 class CycleResult:
     started: datetime
@@ -105,6 +136,13 @@ class CycleResult:
     events: EventTail[NotebookResult] | None = None
     # What the next pass needs from this one: the notebooks whose probes were slow (Cycle.slow).
     slow: frozenset[tuple[str, str]] = frozenset()
+    # Filled by the runner (kf_culler/runner.py `Runner.once`) after the pass: the (notebook, pod) pairs it ran over
+    # (`check --compare-config` decides them again), the GPU pods a stop would not remove and the pods whose GPU
+    # series contradict each other (namespace, pod, what), and all the next pass needs from this one (`memory`).
+    items: list[tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
+    gpu_orphans: list[Orphan] = field(default_factory=list)
+    gpu_contested: list[tuple[str, str, str]] = field(default_factory=list)
+    memory: Memory = field(default_factory=lambda: Memory())
 
     def wait_events(self, timeout: float | None = None) -> bool:
         """Wait until the pass's Events are sent (each result's `write.event` then says how it went)."""
@@ -162,7 +200,7 @@ class Cycle:
     # of their own (gather).
     slow: frozenset[tuple[str, str]] = frozenset()
     # The brakes' limits (None: no brakes, no caps), what they remember from the previous pass, and an admin's
-    # release of a hold (kf_culler/brakes.py; the runner keeps the state between passes).
+    # release of a hold (kf_culler/brakes.py; the runner's Memory carries the state between passes).
     brakes: BrakeLimits | None = None
     brake_state: BrakeState = field(default_factory=BrakeState)
     released_at: datetime | None = None

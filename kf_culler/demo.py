@@ -93,8 +93,10 @@ def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0
         stopped_at: float | None = None
         deadline = time.monotonic() + max_seconds
         warned = False
+        memory = None  # what each pass remembers for the next
         while time.monotonic() < deadline:
-            result = runner.once()
+            result = runner.once(memory)
+            memory = result.memory
             shown = table(result)
             if shown != last_table:
                 say(f"[{datetime.now(UTC):%H:%M:%S}]")
@@ -123,7 +125,7 @@ def run_demo(out: TextIO, idle_seconds: float = 30.0, warn_seconds: float = 15.0
     finally:
         say()
         say("Cleaning up: stopping the culler, the Jupyter servers and the control plane ...")
-        if runner is not None and runner.cache is not None:
+        if runner is not None:
             runner.cache.close()
         if notifier is not None:
             notifier.close()

@@ -103,8 +103,10 @@ def _story(api: Any, say: Any, idle_seconds: float) -> int:
         say(f"4. The culler (targets: [workspaces], idle limit {idle_seconds:g} s) runs a pass every 2 s ...")
         with build_runner(settings, api, records_namespace=ns) as runner:
             deadline = time.monotonic() + idle_seconds + TIMEOUT
+            memory = None  # what each pass remembers for the next
             while True:
-                result = runner.once()
+                result = runner.once(memory)
+                memory = result.memory
                 stopped = [r for r in result.results if r.verdict.action == "stop"]
                 if stopped or time.monotonic() > deadline:
                     break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ from opentelemetry import trace
 
 from kf_culler.brakes import BrakeState
 from kf_culler.config import Policy, Settings
-from kf_culler.cycle import Clock, Cycle, CycleResult, NotebookResult, Observer, utcnow
+from kf_culler.cycle import Clock, CoderSeen, Cycle, CycleResult, Memory, NotebookResult, Observer, utcnow
 from kf_culler.kube.brakes import released_at
 from kf_culler.kube.cache import ClusterCache
 from kf_culler.kube.coder import CoderWriter
@@ -104,11 +105,33 @@ def own_namespace() -> str:
     return os.environ.get("POD_NAMESPACE") or "default"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Runner:
+    """The culler's collaborators, made complete by `build_runner` and frozen: nothing is set on a Runner after it
+    is built. What a pass remembers for the next is the `Memory` it returns (`CycleResult.memory`), given back to
+    the next `once`."""
+
     settings: Settings
     api: Any
+    cache: ClusterCache  # started by `start_cache` (or the first pass)
+    sources: tuple[BulkSource | None, BulkSource | None]  # GPU and RStudio (`sources_for`)
+    writer: Writer | None  # the passes' writer; None: decide and report only (check, explain, dry-run)
+    event_writer: Writer  # the Warning Events about GPU orphans and contested GPU series
+    records: RecordStore  # the culler's record of notebooks (kf_culler/kube/records.py), in `records_namespace`
+    namespace_labels: NamespaceLabels  # given to the passes when rules read namespaces' labels
+    # Whose namespace it is (kf_culler/kube/tenants.py), for the brakes and the notices' queue.
+    namespace_owners: NamespaceOwners
+    policies: PolicyKeeper  # kf-culler-probes per namespace (istio.manageAuthorizationPolicies)
+    # The prober tokens for workbenches behind kube-rbac-proxy (probe.authProxy), one prober per namespace, its
+    # ServiceAccounts in `records_namespace`.
+    prober: ProberTokens
+    coder: CoderClient | None  # `targets: [coder]`: Coder's API client
+    tracer: Tracer
+    records_namespace: str  # where the culler keeps its record of notebooks (the culler's own namespace)
     dry_run: bool = False
+    # Whether passes go through the brakes: `run` (whose passes follow one another); `check` and `explain`
+    # show the verdicts before them (a one-off pass remembers nothing to compare with).
+    brakes: bool = True
     stop: threading.Event = field(default_factory=threading.Event)
     on_cycle: Callable[[CycleResult], None] | None = None
     on_result: Callable[[NotebookResult], None] | None = None
@@ -117,247 +140,166 @@ class Runner:
     owns: Callable[[str], bool] | None = None  # with shards: this replica holds the namespace's shard now
     held_shards: Callable[[], list[int]] | None = None  # with shards: the shards this replica holds now
     on_observed: Observer | None = None
-    cache: ClusterCache | None = None
-    tracer: Tracer | None = None
     notifier: Notifier | None = None  # notices of warnings and stops, or None
-    _sources: tuple[BulkSource | None, BulkSource | None] | None = None
-    namespace_labels: NamespaceLabels | None = None  # made when rules need it, or for namespace_owners
-    # Whose namespace it is (kf_culler/kube/tenants.py), for the brakes and the notices' queue; made on first use.
-    namespace_owners: NamespaceOwners | None = None
-    policies: PolicyKeeper | None = None  # kf-culler-probes per namespace (istio.manageAuthorizationPolicies)
     clock: Clock = utcnow  # where each pass reads the time (tests and replays set it)
-    slow: frozenset[tuple[str, str]] = frozenset()  # notebooks slow to answer last pass (its CycleResult's)
-    last_cycle_end: float = 0.0
-    cycles: int = 0
-    # The (notebook, pod) pairs the last pass ran over (`check --compare-config` decides them again).
-    last_items: list[tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
-    # Where the culler keeps its record of notebooks (kf_culler/kube/records.py); None: `own_namespace()`.
-    records_namespace: str | None = None
-    records: RecordStore | None = None
-    # GPU pods named like a notebook's that a stop would not remove (kf_culler/targets/pairing.py), after the last pass.
-    gpu_orphans: list[Orphan] = field(default_factory=list)
-    _orphans_told: set[str] = field(default_factory=set)
-    # Pods whose GPU series contradict each other (a forged series), after the last pass: (namespace, pod, what).
-    gpu_contested: list[tuple[str, str, str]] = field(default_factory=list)
-    _contested_told: set[tuple[str, str, str]] = field(default_factory=set)
-    _event_writer: Writer | None = None
-    brake_state: BrakeState = field(default_factory=BrakeState)  # the brakes' memory (kf_culler/brakes.py)
-    # Whether passes go through the brakes: `run` (whose passes follow one another); `check` and `explain`
-    # show the verdicts before them (a one-off pass remembers nothing to compare with).
-    brakes: bool = True
-    # `targets: [coder]`: Coder's API client, the last list it gave (kept for a pass it cannot be read in: those
-    # workspaces get no signal), and why the last list failed (None: it did not).
-    coder: CoderClient | None = None
-    coder_listed: list[dict[str, Any]] | None = None
-    coder_problem: str | None = None
-    coder_unjudged: int = 0  # workspaces Coder listed beyond coder.maxWorkspaces in the last listing
-    _coder_user_checked: bool = False
-    _events: CycleResult | None = None  # the last pass, while its Events may still be going out
-    _unsent: tuple[NotebookResult, ...] = ()  # results whose Event could not be sent yet (the API server down)
-    # The prober tokens for workbenches behind kube-rbac-proxy (probe.authProxy), one prober per namespace; made on
-    # first use, its ServiceAccounts in `own_namespace()`, when not given.
-    prober: ProberTokens | None = None
 
     def policy_of(self, notebook: dict[str, Any]) -> Policy:
         """The policy the culler gives a notebook outside a pass (long-stopped counts, GPU-hour accounting):
         kf_culler/policy.py, with the namespace's labels when rules read them."""
         labels = None
-        if self.settings.needs_namespace_labels and self.namespace_labels is not None:
+        if self.settings.needs_namespace_labels:
             meta = notebook.get("metadata")
             labels = self.namespace_labels(str(meta.get("namespace")) if isinstance(meta, dict) else "")
         return policy_of(notebook, None, self.settings, labels)[0]
 
-    def build_cycle(self, on_written: Callable[[dict[str, Any]], None] | None = None) -> Cycle:
-        """This pass's Cycle, every collaborator given at once (a Cycle is frozen)."""
-        if self._sources is None:
-            self._sources = sources_for(self.settings)
-        gpu, rstudio = self._sources
-        writes = not (self.dry_run or self.settings.operations.dry_run)
-        coder = self.coder_client()
-        writer = (Writer(self.api) if coder is None else CoderWriter(self.api, coder)) if writes else None
-        if self.settings.needs_namespace_labels and self.namespace_labels is None:
-            from kf_culler.kube.namespaces import NamespaceLabels
-
-            self.namespace_labels = NamespaceLabels(self.api)
-        if (self.brakes or (writer is not None and self.notifier is not None)) and self.namespace_owners is None:
-            from kf_culler.kube.namespaces import NamespaceLabels
-            from kf_culler.kube.tenants import NamespaceOwners
-
-            if self.namespace_labels is None:
-                self.namespace_labels = NamespaceLabels(self.api)
-            self.namespace_owners = NamespaceOwners(self.api, self.namespace_labels)
+    def build_cycle(self, memory: Memory | None = None, on_written: Callable[[dict[str, Any]], None] | None = None,
+                    resend: tuple[NotebookResult, ...] = ()) -> Cycle:
+        """A pass's Cycle after the one that returned `memory` (None: a first pass), every collaborator given at
+        once (a Cycle is frozen). `resend`: earlier results whose Event could not be sent."""
+        memory = memory or Memory()
+        gpu, rstudio = self.sources
+        writer = self.writer
         cache = self.cache
-        if cache is not None:
-            if self.records is None:
-                self.records = RecordStore(self.api, self.records_namespace or own_namespace())
-            self.records.load(cache.record_objects())
+        owners = self.brakes or (writer is not None and self.notifier is not None)
         released = None
-        if self.brake_state.held_until is not None and writes:  # an admin may have released the hold
-            released = released_at(self.api, self.records_namespace or own_namespace(), self.clock())
+        if memory.brake_state.held_until is not None and writer is not None:  # an admin may have released the hold
+            released = released_at(self.api, self.records_namespace, self.clock())
+        self.records.load(cache.record_objects())
         return Cycle(
             self.settings, writer, gpu, rstudio, stop_flag=self.stop, may_write=self.may_write, owns=self.owns,
             on_result=self.on_result, on_written=on_written, on_observed=self.on_observed,
-            clock=self.clock, notifier=self.notifier if writer is not None else None, slow=self.slow,
+            clock=self.clock, notifier=self.notifier if writer is not None else None, slow=memory.slow,
             namespace_labels=self.namespace_labels if self.settings.needs_namespace_labels else None,
-            namespace_owner=self.namespace_owners,
-            records=self.records if cache is not None else None,
-            nodes=cache.node if cache is not None and cache.reads_nodes else None,
-            service_problem=cache.service_problem if cache is not None else None,
-            endpoint=cache.endpoint if cache is not None and cache.endpoints else None,
-            probe_auth=self._prober().get if self.settings.operations.probe.auth_proxy.enabled else None,
-            access_problem=self.policies.access_problem if self.policies is not None and self.policies.enabled
-            else None,
+            namespace_owner=self.namespace_owners if owners else None,
+            records=self.records,
+            nodes=cache.node if cache.reads_nodes else None,
+            service_problem=cache.service_problem,
+            endpoint=cache.endpoint if cache.endpoints else None,
+            probe_auth=self.prober.get if self.settings.operations.probe.auth_proxy.enabled else None,
+            access_problem=self.policies.access_problem if self.policies.enabled else None,
             brakes=self.settings.operations.brakes.limits if self.brakes else None,
-            brake_state=self.brake_state, released_at=released, events_in_background=True, on_event=self.on_event,
-            resend=self._unsent,
-            tracer=self.tracer or trace.get_tracer("kf_culler"))
-
-    def _prober(self) -> ProberTokens:
-        if self.prober is None:
-            self.prober = ProberTokens(self.settings.operations.probe.auth_proxy, self.api,
-                                       self.records_namespace or own_namespace())
-        return self.prober
+            brake_state=memory.brake_state, released_at=released, events_in_background=True, on_event=self.on_event,
+            resend=resend, tracer=self.tracer)
 
     @property
     def coder_namespace(self) -> str | None:
         coder = self.settings.operations.coder
         return coder.namespace if coder is not None and CODER.name in self.settings.operations.targets else None
 
-    def coder_client(self) -> CoderClient | None:
-        """Coder's API client, when Coder workspaces are a target (made once)."""
-        coder = self.settings.operations.coder
-        if self.coder is None and coder is not None and CODER.name in self.settings.operations.targets:
-            self.coder = CoderClient(coder)
-        return self.coder
-
-    def coder_items(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    def coder_items(self, seen: CoderSeen | None = None
+                    ) -> tuple[list[tuple[dict[str, Any], dict[str, Any] | None]], CoderSeen]:
         """(session, pod) of every Coder workspace (kf_culler/targets/coder.py), listed from Coder's API now and
-        paired with the cache's pods of the admin's Coder namespace. When Coder cannot be read, the last list's
-        workspaces with no signal (never idle on that); none before a first list."""
-        client, namespace = self.coder_client(), self.coder_namespace
-        if client is None or namespace is None or self.cache is None:
-            return []
-        if not self._coder_user_checked:
-            self._check_coder_user(client)
+        paired with the cache's pods of the admin's Coder namespace, and what to remember of the listing after
+        `seen`, the last one's. When Coder cannot be read, the last list's workspaces with no signal (never idle on
+        that); none before a first list."""
+        seen = seen or CoderSeen()
+        client, namespace = self.coder, self.coder_namespace
+        if client is None or namespace is None:
+            return [], seen
+        if not seen.user_checked:
+            seen = dataclasses.replace(seen, user_checked=self._check_coder_user(client))
         now = self.clock()
         try:
             listing = client.list_workspaces()
-            self.coder_listed, self.coder_problem = listing.workspaces, None
-            if listing.unjudged and listing.unjudged != self.coder_unjudged:
-                log.warning("Coder workspaces: %s%d more than coder.maxWorkspaces (%d) are listed; the culler judges "
-                            "the first %d by owner and name and leaves the others as they are",
-                            "" if listing.complete else "at least ", listing.unjudged,
-                            self.settings.operations.coder.max_workspaces if self.settings.operations.coder else 0,
-                            len(listing.workspaces))
-            self.coder_unjudged = listing.unjudged
         except CoderError as err:
-            if self.coder_problem != str(err):
+            if seen.problem != str(err):
                 log.warning("Coder workspaces: %s; they get no signal until Coder can be read", err)
-            self.coder_problem = str(err)
-            if self.coder_listed is None:
-                return []
+            seen = dataclasses.replace(seen, problem=str(err))
+            if seen.listed is None:
+                return [], seen
             return [(unread(s, f"Coder could not be read: {err}"), pod) for s, pod in
-                    coder_items(self.coder_listed, namespace, self.cache.objects("pods").values(), now)]
-        return coder_items(self.coder_listed, namespace, self.cache.objects("pods").values(), now)
+                    coder_items(seen.listed, namespace, self.cache.objects("pods").values(), now)], seen
+        if listing.unjudged and listing.unjudged != seen.unjudged:
+            log.warning("Coder workspaces: %s%d more than coder.maxWorkspaces (%d) are listed; the culler judges "
+                        "the first %d by owner and name and leaves the others as they are",
+                        "" if listing.complete else "at least ", listing.unjudged,
+                        self.settings.operations.coder.max_workspaces if self.settings.operations.coder else 0,
+                        len(listing.workspaces))
+        seen = dataclasses.replace(seen, listed=listing.workspaces, problem=None, unjudged=listing.unjudged)
+        return coder_items(listing.workspaces, namespace, self.cache.objects("pods").values(), now), seen
 
-    def _check_coder_user(self, client: CoderClient) -> None:
-        """Once: say loudly when the token is not a Coder Owner's (it lists only what it may read, and stop
-        builds of others' workspaces are refused)."""
+    @staticmethod
+    def _check_coder_user(client: CoderClient) -> bool:
+        """Say loudly when the token is not a Coder Owner's (it lists only what it may read, and stop builds of
+        others' workspaces are refused). True: checked (never again)."""
         try:
             me = client.me()
         except CoderError as err:
             log.warning("Coder: %s", err)
-            return
-        self._coder_user_checked = True
+            return False
         roles = {str(r.get("name")) for r in me.get("roles") or [] if isinstance(r, dict)}
         if "owner" not in roles:
             log.warning("Coder: the token in coder.tokenFile is %s's, who is not an Owner (roles: %s): it sees only "
                         "the workspaces it may read, and Coder refuses its stop builds of others' workspaces",
                         str(me.get("username"))[:64], ", ".join(sorted(roles)) or "none")
+        return True
 
     def start_cache(self, timeout: float = 60.0) -> ClusterCache:
-        self.cache = ClusterCache(self.api, self.settings.operations.namespaces.include,
-                                  records_namespace=self.records_namespace or own_namespace(),
-                                  targets=self.settings.operations.targets,
-                                  workloads=lambda o: selects_workload(o, self.settings),
-                                  workload_kinds=wl.kinds if (wl := self.settings.operations.workloads) else (),
-                                  coder_namespace=self.settings.operations.coder.namespace
-                                  if self.coder_client() is not None and self.settings.operations.coder else None)
-        self.cache.start()
-        if not self.cache.wait_synced(timeout):
+        """Start watching (once: a started cache is returned as it is)."""
+        if self.cache.start() and not self.cache.wait_synced(timeout):
             log.warning("the notebook cache has not synced after %.0f s; still trying", timeout)
         return self.cache
 
     def close(self) -> None:
         """Stop watching (the cache's threads end on their own)."""
-        if self.cache is not None:
-            self.cache.close()
-            self.cache = None
+        self.cache.close()
 
     def __enter__(self) -> Runner:
-        if self.cache is None:
-            self.start_cache()
+        self.start_cache()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def once(self, wait_events: bool = True) -> CycleResult:
-        """One pass. Its Events go out after its patches (kf_culler/kube/event_tail.py): `wait_events` waits for
-        them before returning; otherwise the next pass does, before it starts (`loop`: they go out during the
+    def once(self, after: Memory | None = None, wait_events: bool = True) -> CycleResult:
+        """One pass after the one that returned `after` (None: a first pass); its result's `memory` is what the
+        next pass needs. Its Events go out after its patches (kf_culler/kube/event_tail.py): `wait_events` waits
+        for them before returning; otherwise the next pass does, before it starts (`loop`: they go out during the
         wait for the next period)."""
-        cache = self.cache or self.start_cache()
-        self.wait_events()
-        cycle = self.build_cycle(on_written=cache.record_notebook)
+        memory = after or Memory()
+        cache = self.start_cache()
+        resend = unsent_after(memory)
+        cycle = self.build_cycle(memory, on_written=cache.record_notebook, resend=resend)
         snapshot = cache.snapshot()
-        items = snapshot + self.coder_items()  # Coder's workspaces, listed now (`targets: [coder]`)
+        coder, coder_seen = self.coder_items(memory.coder)  # Coder's workspaces, listed now (`targets: [coder]`)
+        items = snapshot + coder
         held = self._shards_held()
         result = cycle.run(items)
-        self.slow = result.slow
-        self.last_items = items  # what the pass ran over (check --compare-config decides them again)
-        self._events = result
         if wait_events:
-            self.wait_events()
-        self._keep_brakes(result)
-        self._keep_records(items, held, result.now)
-        self._report_orphans(snapshot, result.now)
-        self._report_contested(snapshot, result.now)
-        if self.policies is None:
-            self.policies = PolicyKeeper.for_settings(self.settings, self.api, self.dry_run)
+            result.wait_events()
+        brake_state = self._keep_brakes(memory.brake_state, result)
+        self._keep_records(items, held, result.now, coder_seen)
+        orphans, orphans_told = self._report_orphans(snapshot, result.now, memory.orphans_told)
+        contested, contested_told = self._report_contested(snapshot, result.now, memory.contested_told)
         self.policies.after_pass(snapshot, self.may_write, self.owns or (lambda _ns: True))
-        self.cycles += 1
-        self.last_cycle_end = time.monotonic()
+        result = dataclasses.replace(
+            result, items=items, gpu_orphans=orphans, gpu_contested=contested,
+            memory=Memory(slow=result.slow, brake_state=brake_state, coder=coder_seen, orphans_told=orphans_told,
+                          contested_told=contested_told, events=result.events, cycles=memory.cycles + 1,
+                          last_cycle_end=time.monotonic()))
         if self.on_cycle is not None:
             self.on_cycle(result)
         settle_memory()  # kf_culler/memory.py
         return result
 
-    def wait_events(self, timeout: float | None = None) -> bool:
-        """Wait for the last pass's Events (True: all sent or tried)."""
-        last = self._events
-        if last is None or not last.wait_events(timeout):
-            return last is None
-        self._events = None
-        self._unsent = tuple(last.events.unsent) if last.events is not None else ()
-        return True
-
-    def _keep_brakes(self, result: CycleResult) -> None:
-        """Remember what the brakes saw for the next pass, and say loudly when they hold stops."""
+    @staticmethod
+    def _keep_brakes(state: BrakeState, result: CycleResult) -> BrakeState:
+        """What the brakes remember for the next pass (`state` when the pass had none); say loudly when they
+        hold stops."""
         braked = result.brakes
         if braked is None:
-            return
-        was_held = self.brake_state.held_until is not None
-        self.brake_state = braked.state
+            return state
         if braked.trips:
             log.warning("brakes: holding every stop until %s: %s", format_time(braked.state.held_until)
                         if braked.state.held_until else "the end of this pass", braked.why,
                         extra={"brakes": "held", "trips": list(braked.trips)})
-        elif was_held and braked.state.held_until is None:
+        elif state.held_until is not None and braked.state.held_until is None:
             log.warning("brakes: stops resume (the hold ran out or an admin released it)",
                         extra={"brakes": "released"})
         if braked.deferred_stops or braked.deferred_warnings:
             log.info("brakes: %d stops and %d warnings left for the next pass (per-pass caps)",
                      len(braked.deferred_stops), len(braked.deferred_warnings))
+        return braked.state
 
     def _shards_held(self) -> list[int]:
         """The shards of namespaces this replica holds now: every one without shards (or without `owns`)."""
@@ -367,96 +309,103 @@ class Runner:
         return self.held_shards() if self.held_shards is not None else []
 
     def _keep_records(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], held: list[int],
-                      now: datetime) -> None:
+                      now: datetime, coder: CoderSeen) -> None:
         """After a pass: forget the records of notebooks that are gone, then store the pass's deferred record
         writes (one patch per bucket). Only a replica that may write, for the namespaces it holds. Once every
         deferred write is stored, the old marks of the shards held through the whole pass are imported: that
         is remembered, and never done again (kf_culler/kube/records.py)."""
-        if self.records is None or self.dry_run or self.settings.operations.dry_run or not self.may_write():
+        if self.dry_run or self.settings.operations.dry_run or not self.may_write():
             return
-        synced = self.cache is not None and self.cache.synced
+        synced = self.cache.synced
         if synced:
             live = {str((nb.get("metadata") or {}).get("uid")) for nb, _ in snapshot}
             selects, owns = self.settings.operations.namespaces.selects, self.owns or (lambda _ns: True)
             # Coder not read yet, or some of its workspaces left out: their records are kept
             unknown = (self.coder_namespace if self.coder is not None
-                       and (self.coder_listed is None or self.coder_unjudged) else None)
+                       and (coder.listed is None or coder.unjudged) else None)
             self.records.sweep(live, lambda ns: selects(ns) and owns(ns) and ns != unknown)
         self.records.flush()
         still = set(self._shards_held())
         if synced and not self.stop.is_set() and self.records.pending == 0 and self.may_write():
             self.records.mark_imported([i for i in held if i in still], self.settings.operations.shards, now)
 
-    def _report_orphans(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime) -> None:
+    def _report_orphans(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime,
+                        told: frozenset[str]) -> tuple[list[Orphan], frozenset[str]]:
         """Pods named `<name>-0` that hold a GPU but that the StatefulSet `<name>` does not control (a user
         relabelled the pod off it, or there is none): Kubeflow's notebook-controller stops a notebook by scaling
-        that StatefulSet, which leaves such a pod running, and the culler does not delete pods. Kept in
-        `gpu_orphans` (a metric), logged, and told once per pod with a Warning Event on the Notebook, which its
-        namespace's users and the admin see."""
-        if self.cache is None:
-            return
+        that StatefulSet, which leaves such a pod running, and the culler does not delete pods. Returned (the
+        pass's `gpu_orphans`, a metric), logged, and told once per pod with a Warning Event on the Notebook, which
+        its namespace's users and the admin see; `told`: the pods told already, and returned with this pass's."""
         from kf_culler.session import gpu_count
 
         resources = self.settings.policy.gpu_resources
-        self.gpu_orphans = [o for o in self.cache.orphans if gpu_count({}, o.pod, resources) > 0]
+        orphans = [o for o in self.cache.orphans if gpu_count({}, o.pod, resources) > 0]
         notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
                      for nb, _ in snapshot if target_of(nb).paired_by_name}  # named like their pods: v1 Notebooks
         writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
-        for o in self.gpu_orphans:
+        now_told = set(told)
+        for o in orphans:
             uid = str((o.pod.get("metadata") or {}).get("uid"))
-            if uid in self._orphans_told or not (self.owns is None or self.owns(o.namespace)):
+            if uid in now_told or not (self.owns is None or self.owns(o.namespace)):
                 continue
-            self._orphans_told.add(uid)
+            now_told.add(uid)
             message = (f"The pod {o.notebook}-0 holds a GPU but is not this notebook's running pod ({o.why}): "
                        f"a stop scales the StatefulSet {o.notebook} to 0, which does not remove this pod, so "
                        "stopping the notebook would not free that GPU. An administrator must delete the pod.")
             log.warning("%s/%s: %s", o.namespace, o.notebook, message)
             nb = notebooks.get((o.namespace, o.notebook))
             if writes and nb is not None:
-                if self._event_writer is None:
-                    self._event_writer = Writer(self.api)
-                self._event_writer.event(nb, EventSpec("Warning", EVENT_ORPHAN, message), now)
+                self.event_writer.event(nb, EventSpec("Warning", EVENT_ORPHAN, message), now)
+        return orphans, frozenset(now_told)
 
-    def _report_contested(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime) -> None:
+    def _report_contested(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]], now: datetime,
+                          told: frozenset[tuple[str, str, str]]
+                          ) -> tuple[list[tuple[str, str, str]], frozenset[tuple[str, str, str]]]:
         """GPU series that contradict each other for one pod (kf_culler/sources/gpu.py: someone publishes a
         forged series): that pod's GPU is no-signal for the decision; the admin is told once per pod and
-        claim, in a log line and a Warning Event on the notebook naming both series' job and instance."""
+        claim, in a log line and a Warning Event on the notebook naming both series' job and instance.
+        Returned (the pass's `gpu_contested`), with the claims told, `told` and this pass's."""
         from kf_culler.sources.gpu import PrometheusGpu
 
-        gpu = self._sources[0] if self._sources is not None else None
-        self.gpu_contested = list(gpu.contested) if isinstance(gpu, PrometheusGpu) else []
+        gpu = self.sources[0]
+        contested = list(gpu.contested) if isinstance(gpu, PrometheusGpu) else []
         notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
                      for nb, _ in snapshot if target_of(nb).paired_by_name}  # named like their pods: v1 Notebooks
         writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
-        for ns, pod, what in self.gpu_contested:
-            if (ns, pod, what) in self._contested_told or not (self.owns is None or self.owns(ns)):
+        now_told = set(told)
+        for ns, pod, what in contested:
+            if (ns, pod, what) in now_told or not (self.owns is None or self.owns(ns)):
                 continue
-            self._contested_told.add((ns, pod, what))
+            now_told.add((ns, pod, what))
             message = (f"GPU metrics for this notebook's pod {pod} contradict each other: {what}. Its GPU is "
                        "treated as unreadable (it is not stopped on that evidence); an administrator should find "
                        "the series that does not come from dcgm-exporter.")
             log.warning("%s/%s: %s", ns, pod, message)
             nb = notebooks.get((ns, pod[:-2] if pod.endswith("-0") else pod))
             if writes and nb is not None:
-                if self._event_writer is None:
-                    self._event_writer = Writer(self.api)
-                self._event_writer.event(nb, EventSpec("Warning", EVENT_CONTESTED, message[:1000]), now)
+                self.event_writer.event(nb, EventSpec("Warning", EVENT_CONTESTED, message[:1000]), now)
+        return contested, frozenset(now_told)
 
-    def loop(self, max_cycles: int | None = None) -> None:
+    def loop(self, max_cycles: int | None = None) -> Memory:
+        """Passes every check period until asked to stop (or `max_cycles` passes), each given the memory the
+        last one returned; returns the last pass's."""
         period = self.settings.operations.check_period_seconds
-        cache = self.cache or self.start_cache()
+        cache = self.start_cache()
+        memory = Memory()
         try:
             while not self.stop.is_set():
                 t0 = time.monotonic()
                 if cache.synced:
-                    self.once(wait_events=False)
-                if max_cycles is not None and self.cycles >= max_cycles:
+                    memory = self.once(memory, wait_events=False).memory
+                if max_cycles is not None and memory.cycles >= max_cycles:
                     break
                 self.stop.wait(max(0.0, period - (time.monotonic() - t0)))
         finally:
-            if not self.wait_events(EVENTS_GRACE_SECONDS):  # within the pod's termination grace period
+            # within the pod's termination grace period
+            if memory.events is not None and not memory.events.wait(EVENTS_GRACE_SECONDS):
                 log.warning("exiting with Events of the last pass not sent after %.0f s", EVENTS_GRACE_SECONDS)
             cache.close()
+        return memory
 
     def install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: object) -> None:
@@ -467,6 +416,16 @@ class Runner:
         signal.signal(signal.SIGINT, handler)
 
 
+def unsent_after(memory: Memory) -> tuple[NotebookResult, ...]:
+    """Wait for the Events of the pass that returned `memory`; the results whose Event could not be sent (the API
+    server down), for the next pass to send again."""
+    events = memory.events
+    if events is None:
+        return ()
+    events.wait()
+    return tuple(events.unsent)
+
+
 ResultObserver = Callable[[NotebookResult], None]
 CycleObserver = Callable[[CycleResult], None]
 
@@ -474,17 +433,42 @@ CycleObserver = Callable[[CycleResult], None]
 def build_runner(settings: Settings, api: Any, *, one_off: bool = False, dry_run: bool = False,
                  records_namespace: str | None = None, notifier: Notifier | None = None,
                  observe: Callable[[Callable[[], Runner]], tuple[ResultObserver, CycleObserver]] | None = None,
+                 on_result: ResultObserver | None = None, on_cycle: CycleObserver | None = None,
                  on_event: ResultObserver | None = None, on_observed: Observer | None = None,
                  owns: Callable[[str], bool] | None = None, held_shards: Callable[[], list[int]] | None = None,
-                 may_write: Callable[[], bool] = lambda: True) -> Runner:
-    """The one way the commands build a Runner (`run`, `check`, `explain`, the demos), with its collaborators
-    given at construction, never set afterwards. `one_off` (`check`, `explain`): nothing written and no brakes
-    (a one-off pass remembers nothing to compare with). `observe(runner_of)` makes the observers of results and
-    passes; `runner_of()` is the Runner they serve, built here with them."""
+                 may_write: Callable[[], bool] = lambda: True, clock: Clock = utcnow, tracer: Tracer | None = None,
+                 prober: ProberTokens | None = None, records: RecordStore | None = None) -> Runner:
+    """The one way a Runner is built (`run`, `check`, `explain`, the demos, the tests), every collaborator made
+    here, complete, and never set afterwards. `one_off` (`check`, `explain`): nothing written and no brakes (a
+    one-off pass remembers nothing to compare with). `observe(runner_of)` makes the observers of results and
+    passes (else `on_result` and `on_cycle`); `runner_of()` is the Runner they serve, built here with them.
+    `records_namespace`: the culler's own namespace (None: `own_namespace()`). `prober` and `records`: made here
+    when not given."""
+    from kf_culler.kube.namespaces import NamespaceLabels
+    from kf_culler.kube.tenants import NamespaceOwners
+
+    dry_run = dry_run or one_off
+    own = records_namespace or own_namespace()
+    ops = settings.operations
+    coder = CoderClient(ops.coder) if ops.coder is not None and CODER.name in ops.targets else None
+    writes = not (dry_run or ops.dry_run)
+    writer = (Writer(api) if coder is None else CoderWriter(api, coder)) if writes else None
+    cache = ClusterCache(api, ops.namespaces.include, records_namespace=own, targets=ops.targets,
+                         workloads=lambda o: selects_workload(o, settings),
+                         workload_kinds=wl.kinds if (wl := ops.workloads) else (),
+                         coder_namespace=ops.coder.namespace if coder is not None and ops.coder else None)
+    labels = NamespaceLabels(api)
     built: list[Runner] = []
-    on_result, on_cycle = observe(lambda: built[0]) if observe is not None else (None, None)
-    runner = Runner(settings, api, dry_run=dry_run or one_off, brakes=not one_off, records_namespace=records_namespace,
-                    notifier=notifier, on_result=on_result, on_cycle=on_cycle, on_event=on_event,
-                    on_observed=on_observed, owns=owns, held_shards=held_shards, may_write=may_write)
+    if observe is not None:
+        on_result, on_cycle = observe(lambda: built[0])
+    runner = Runner(settings, api, cache=cache, sources=sources_for(settings), writer=writer,
+                    event_writer=Writer(api), records=records or RecordStore(api, own), namespace_labels=labels,
+                    namespace_owners=NamespaceOwners(api, labels),
+                    policies=PolicyKeeper.for_settings(settings, api, dry_run),
+                    prober=prober or ProberTokens(ops.probe.auth_proxy, api, own), coder=coder,
+                    tracer=tracer or trace.get_tracer("kf_culler"), records_namespace=own, dry_run=dry_run,
+                    brakes=not one_off, on_cycle=on_cycle, on_result=on_result, on_event=on_event,
+                    may_write=may_write, owns=owns, held_shards=held_shards, on_observed=on_observed,
+                    notifier=notifier, clock=clock)
     built.append(runner)
     return runner

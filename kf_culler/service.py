@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kf_culler.config import Settings
-from kf_culler.cycle import CycleResult, NotebookResult
+from kf_culler.cycle import CycleResult, Memory, NotebookResult
 from kf_culler.extend import Extender
 from kf_culler.kube.lease import LeaderElector, ShardManager
 from kf_culler.kube.tokens import TokenReviewer
@@ -56,11 +57,19 @@ def _log_result(r: NotebookResult) -> None:
         "event": r.write.event if r.write else None})
 
 
+class LastPass:
+    """The memory the last pass returned, for /readyz (its HTTP thread reads what the passes' thread wrote)."""
+
+    def __init__(self) -> None:
+        self.memory = Memory()
+
+
 def observers(runner_of: Callable[[], Runner], metrics: Metrics, elector: LeaderElector | None = None,
-              store: VerdictStore | None = None
+              store: VerdictStore | None = None, last: LastPass | None = None
               ) -> tuple[Callable[[NotebookResult], None], Callable[[CycleResult], None]]:
     """(on_result, on_cycle): feed every notebook result and every pass into the metrics and the logs (and the
-    verdict store). `runner_of()` is the Runner they serve, read at each pass (it is built with them)."""
+    verdict store, and `last`). `runner_of()` is the Runner they serve, read at each pass (it is built with
+    them)."""
 
     def on_result(r: NotebookResult) -> None:
         metrics.observe_result(r)
@@ -74,58 +83,65 @@ def observers(runner_of: Callable[[], Runner], metrics: Metrics, elector: Leader
             store.update(result)
         if elector is not None:
             metrics.leader.set(1 if elector.is_leader() else 0)
-        if runner.cache is not None:
-            items = runner.cache.snapshot()
-            owns = runner.owns
-            if owns is not None:  # with shards, each replica accounts for its own shards' notebooks
-                items = [(nb, pod) for nb, pod in items if owns(str((nb.get("metadata") or {}).get("namespace")))]
-            records = runner.records
-            orphaned = frozenset((o.namespace, o.notebook) for o in runner.gpu_orphans)
-            by_ns: dict[str, int] = {}
-            for o in runner.gpu_orphans:
-                by_ns[o.namespace] = by_ns.get(o.namespace, 0) + 1
-            metrics.observe_orphans(by_ns)
-            metrics.contested.set(len(runner.gpu_contested))
-            metrics.coder_unjudged.set(runner.coder_unjudged)
+        items = runner.cache.snapshot()
+        owns = runner.owns
+        if owns is not None:  # with shards, each replica accounts for its own shards' notebooks
+            items = [(nb, pod) for nb, pod in items if owns(str((nb.get("metadata") or {}).get("namespace")))]
+        records = runner.records
+        orphaned = frozenset((o.namespace, o.notebook) for o in result.gpu_orphans)
+        by_ns: dict[str, int] = {}
+        for o in result.gpu_orphans:
+            by_ns[o.namespace] = by_ns.get(o.namespace, 0) + 1
+        metrics.observe_orphans(by_ns)
+        metrics.contested.set(len(result.gpu_contested))
+        metrics.coder_unjudged.set(result.memory.coder.unjudged)
 
-            def ours(nb: dict[str, Any]) -> bool:  # the culler's own record says it stopped the notebook
-                found = records.get(str((nb.get("metadata") or {}).get("uid"))) if records is not None else None
-                return found is not None and found.stopped_at is not None
+        def ours(nb: dict[str, Any]) -> bool:  # the culler's own record says it stopped the notebook
+            found = records.get(str((nb.get("metadata") or {}).get("uid")))
+            return found is not None and found.stopped_at is not None
 
-            metrics.account_reclaimed(items, result.now, lambda nb: runner.policy_of(nb).gpu_resources, ours,
-                                      orphaned, not_taken_keys(result))
-            metrics.observe_long_stopped(long_stopped_in(runner.settings, (nb for nb, _ in items), result.now,
-                                                         runner.policy_of))
+        metrics.account_reclaimed(items, result.now, lambda nb: runner.policy_of(nb).gpu_resources, ours,
+                                  orphaned, not_taken_keys(result))
+        metrics.observe_long_stopped(long_stopped_in(runner.settings, (nb for nb, _ in items), result.now,
+                                                     runner.policy_of))
+        if last is not None:
+            last.memory = result.memory
         log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)
 
     return on_result, on_cycle
 
 
 def instrument(runner: Runner, metrics: Metrics, elector: LeaderElector | None = None,
-               store: VerdictStore | None = None) -> None:
-    """`observers` for a Runner built already (`check`, tests)."""
-    runner.on_result, runner.on_cycle = observers(lambda: runner, metrics, elector, store)
-    runner.on_event = metrics.observe_event
+               store: VerdictStore | None = None) -> Runner:
+    """A Runner built already (`check`, tests) with `observers`: the same collaborators, a new value."""
+    instrumented: list[Runner] = []
+    on_result, on_cycle = observers(lambda: instrumented[0], metrics, elector, store)
+    instrumented.append(dataclasses.replace(runner, on_result=on_result, on_cycle=on_cycle,
+                                            on_event=metrics.observe_event))
+    return instrumented[0]
 
 
 def _always() -> bool:
     return True
 
 
-def readiness(runner: Runner, shards: ShardManager | None = None) -> tuple[bool, str]:
-    """Ready once the caches are synced, and while passes keep completing. With shards, the answer also
-    says which shards this replica holds (one holding none is a ready standby: its caches are warm)."""
+def readiness(runner: Runner, shards: ShardManager | None = None, memory: Memory | None = None) -> tuple[bool, str]:
+    """Ready once the caches are synced, and while passes keep completing (`memory`: what the last pass returned,
+    None before a first one). With shards, the answer also says which shards this replica holds (one holding none
+    is a ready standby: its caches are warm)."""
+    memory = memory or Memory()
     period = runner.settings.operations.check_period_seconds
     detail = ""
     if shards is not None:
         held = ",".join(str(i) for i in shards.held()) or "none"
         detail = f"; shards held: {held} of {shards.count} ({shards.live_replicas} live replicas)"
-    if runner.cache is None or not runner.cache.synced:
+    if not runner.cache.synced:
         return False, "notebook cache not synced" + detail
-    if runner.brake_state.held_until is not None:  # ready (passes go on), and says so where admins look
-        detail += f"; brakes: holding every stop until {format_time(runner.brake_state.held_until)}: " \
-                  f"{runner.brake_state.why} (kf-culler release-brakes ends it)"
-    if runner.cycles and time.monotonic() - runner.last_cycle_end > 3 * period + 60:
+    brakes = memory.brake_state
+    if brakes.held_until is not None:  # ready (passes go on), and says so where admins look
+        detail += f"; brakes: holding every stop until {format_time(brakes.held_until)}: " \
+                  f"{brakes.why} (kf-culler release-brakes ends it)"
+    if memory.cycles and time.monotonic() - memory.last_cycle_end > 3 * period + 60:
         return False, "no pass completed recently" + detail
     return True, "ready" + detail
 
@@ -191,15 +207,16 @@ def serve(settings: Settings, api: Any, opts: Options) -> int:
         from kf_culler.notify.notifier import Notifier
 
         notifier = Notifier.for_settings(settings, api, metrics)
+    last = LastPass()
     runner = build_runner(settings, api, dry_run=opts.dry_run, records_namespace=opts.records_namespace,
-                          observe=lambda runner_of: observers(runner_of, metrics, elector, store),
+                          observe=lambda runner_of: observers(runner_of, metrics, elector, store, last),
                           on_event=metrics.observe_event, on_observed=recorder.record if recorder else None,
                           owns=owns, held_shards=shards.held if shards is not None else None, may_write=may_write,
                           notifier=notifier)
     runner.install_signal_handlers()
     servers: list[HealthServer | ApiServer] = []
     if opts.metrics_address:
-        health = HealthServer(opts.metrics_address, metrics, lambda: readiness(runner, shards))
+        health = HealthServer(opts.metrics_address, metrics, lambda: readiness(runner, shards, last.memory))
         health.notes = [f"warning: {gpu_warning}"] if gpu_warning else []
         servers.append(health)
         log.info("serving /metrics, /healthz and /readyz on %s", opts.metrics_address)

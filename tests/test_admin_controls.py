@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.passes import Passes
 from test_e2e_cull import router, servers, settings_for, wait_cache  # noqa: F401 (fixtures)
 
 from kf_culler import cli
@@ -26,7 +27,7 @@ from kf_culler.model import (
     WARNED_AT_ANNOTATION,
 )
 from kf_culler.plan import EVENT_STOP, EVENT_WARN
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.service import instrument
 from kf_culler.session import pod_trouble
 from kf_culler.stopped import long_stopped, stopped_since
@@ -99,8 +100,8 @@ def test_lifetime_cap_warns_then_stops_an_active_notebook(api: Any, namespace: s
     obj.create_notebook(api, namespace, obj.notebook("nb-busy"))
     obj.running_pod(api, namespace, "nb-busy", started)
     now = [started + timedelta(minutes=60)]
-    runner = Runner(settings_for(router, namespace, idleMinutes=600, warnMinutes=30, maxRunningMinutes=120),
-                           api, clock=lambda: now[0])
+    runner = Passes(build_runner(settings_for(router, namespace, idleMinutes=600, warnMinutes=30,
+                                              maxRunningMinutes=120), api, clock=lambda: now[0]))
     verdicts = []
     with runner:
         for minutes in (60, 100, 121):
@@ -135,8 +136,8 @@ def test_gpu_pod_running_but_not_ready_is_broken_reported_then_stopped(api: Any,
     client.CoreV1Api(api).patch_namespaced_pod_status("nb-gpu-0", namespace, {"status": {"conditions": [
         {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": since}]}})
     metrics = Metrics()
-    runner = Runner(settings_for(router, namespace, brokenMinutes=10), api)
-    instrument(runner, metrics)
+    runner = Passes(build_runner(settings_for(router, namespace, brokenMinutes=10), api))
+    runner.runner = instrument(runner.runner, metrics)
     with runner:
         wait_cache(runner, namespace, "nb-gpu", lambda nb, pod: pod is not None and any(
             c.get("status") == "False" for c in pod["status"].get("conditions", [])))
@@ -148,7 +149,7 @@ def test_gpu_pod_running_but_not_ready_is_broken_reported_then_stopped(api: Any,
     assert ann[STATE_ANNOTATION] == "broken" and STOP_ANNOTATION not in ann
     assert [e.reason for e in obj.events_for(api, namespace, "nb-gpu")] == [EVENT_WARN]
 
-    runner = Runner(settings_for(router, namespace, brokenMinutes=10, brokenAction="stop"), api)
+    runner = Passes(build_runner(settings_for(router, namespace, brokenMinutes=10, brokenAction="stop"), api))
     with runner:
         stopped = runner.once().results[0].verdict
     assert (stopped.action, stopped.state, stopped.rule_id) == ("stop", "broken", "14-broken"), stopped.reason
@@ -188,8 +189,8 @@ def test_check_lists_long_stopped_notebooks_and_the_metric_counts_them(
 
 
     metrics = Metrics()
-    runner = Runner(load_mapping({"namespaces": {"include": [namespace]}}, "test"), api)
-    instrument(runner, metrics)
+    runner = Passes(build_runner(load_mapping({"namespaces": {"include": [namespace]}}, "test"), api))
+    runner.runner = instrument(runner.runner, metrics)
     with runner:
         runner.once()
     text = metrics.render().decode()

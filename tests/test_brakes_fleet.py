@@ -1,4 +1,4 @@
-"""The brakes (kf_culler/brakes.py) on a fleet: the real API server, a real Prometheus, the culler as a Runner.
+"""The brakes (kf_culler/brakes.py) on a fleet: the real API server, a real Prometheus, the culler as a Passes.
 
 Everything the culler reads and writes is real except two stand-ins:
 
@@ -16,7 +16,7 @@ Everything the culler reads and writes is real except two stand-ins:
 
 Notebooks, their StatefulSets and Running pods are made as Kubeflow's controllers would
 (kf_culler.local.objects); the culler runs passes with writes on (not dry-run) and its record, and the
-brakes' release ConfigMap, in a namespace of the test. Passes are driven with Runner.once().
+brakes' release ConfigMap, in a namespace of the test. Passes are driven with Passes.once().
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 from support.faulty import FaultyServer
+from support.passes import Passes
 from test_gpu_prometheus import gpu, prometheus_binary  # noqa: F401 (a fixture)
 
 from kf_culler.config import Settings, load_mapping
@@ -43,7 +44,7 @@ from kf_culler.local import objects as obj
 from kf_culler.local.prometheus import Exposition, Prometheus, dcgm_exposition, static_job
 from kf_culler.metrics import Metrics
 from kf_culler.model import STOP_ANNOTATION
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.service import instrument, readiness
 
 pytestmark = pytest.mark.cluster
@@ -135,10 +136,10 @@ def settings(namespaces: Sequence[str], jupyter: FaultyServer, prometheus: str |
     return load_mapping(raw, "test_brakes_fleet")
 
 
-def culler(config: Settings, api: Any, culler_ns: str) -> tuple[Runner, Metrics]:
-    runner = Runner(config, api, records_namespace=culler_ns)
+def culler(config: Settings, api: Any, culler_ns: str) -> tuple[Passes, Metrics]:
+    runner = Passes(build_runner(config, api, records_namespace=culler_ns))
     metrics = Metrics()
-    instrument(runner, metrics)
+    runner.runner = instrument(runner.runner, metrics)
     return runner, metrics
 
 
@@ -166,9 +167,9 @@ def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) ->
     return None
 
 
-def passes_until(runner: Runner, done: Callable[[CycleResult], bool], seconds: float = 60,
+def passes_until(runner: Passes, done: Callable[[CycleResult], bool], seconds: float = 60,
                  each: Callable[[CycleResult], None] | None = None, every: float = 0.3) -> list[CycleResult]:
-    """Passes (Runner.once), `every` seconds apart, until one satisfies `done`; `each` checks every pass."""
+    """Passes (Passes.once), `every` seconds apart, until one satisfies `done`; `each` checks every pass."""
     deadline = time.monotonic() + seconds
     seen: list[CycleResult] = []
     while time.monotonic() < deadline:
@@ -185,7 +186,7 @@ def passes_until(runner: Runner, done: Callable[[CycleResult], bool], seconds: f
                          f"{[(r.name, r.verdict.action, r.verdict.state) for r in last.results] if last else None}")
 
 
-def warm_up(runner: Runner, keys: Sequence[Key], passes: int = 2) -> None:
+def warm_up(runner: Passes, keys: Sequence[Key], passes: int = 2) -> None:
     """Passes until `passes` in a row find every GPU working (the brakes then remember them active)."""
     streak = [0]
 
@@ -249,7 +250,7 @@ def test_a_fleet_wide_gpu_zero_holds_every_stop_until_an_admin_releases(
             assert r.verdict.reason.startswith(HELD) and "Stopped after" in r.verdict.reason, r.verdict.reason
             assert r.verdict.idle_seconds is not None and r.verdict.idle_seconds >= IDLE_SECONDS
         assert stopped_on_server(api, namespaces) == set()
-        state = runner.brake_state
+        state = runner.memory.brake_state
         assert state.held_until is not None and state.tripped_at is not None
         assert state.held_until - state.tripped_at == timedelta(minutes=60)  # holdMinutes' default
         assert sample(metrics, "kf_culler_brakes_held") == 1
@@ -257,7 +258,7 @@ def test_a_fleet_wide_gpu_zero_holds_every_stop_until_an_admin_releases(
         assert any(n is not None and n >= 1 for n in trips.values()), trips
         assert sample(metrics, "kf_culler_brake_share", {"signal": "newly-idle:gpu"}) == 0.0  # no longer newly
         assert (sample(metrics, "kf_culler_brake_deferred_total", {"kind": "held-stop"}) or 0) >= len(keys)
-        ready, detail = readiness(runner)
+        ready, detail = readiness(runner.runner, memory=runner.memory)
         assert ready, detail
         assert "brakes: holding every stop until" in detail and "release-brakes" in detail, detail
         assert [m for m in caplog.messages if m.startswith("brakes: holding every stop until")]
@@ -274,10 +275,10 @@ def test_a_fleet_wide_gpu_zero_holds_every_stop_until_an_admin_releases(
             assert (r.verdict.action, r.verdict.state, r.verdict.rule_id) == ("stop", "idle", "10-idle"), r.verdict
             assert r.write is not None and r.write.outcome == "patched", r.write
         assert stopped_on_server(api, namespaces) == set(keys)
-        assert runner.brake_state.held_until is None
+        assert runner.memory.brake_state.held_until is None
         assert sample(metrics, "kf_culler_brakes_held") == 0
         assert sample(metrics, "kf_culler_stops_total", {"reason_rule": "10-idle"}) == len(keys)
-        ready, detail = readiness(runner)
+        ready, detail = readiness(runner.runner, memory=runner.memory)
         assert ready and "brakes" not in detail, detail
         assert [m for m in caplog.messages if m.startswith("brakes: stops resume")]
 
@@ -322,7 +323,7 @@ def test_one_namespace_going_idle_is_stopped_on_time_and_holds_nothing(
         passes_until(runner, lambda _: stopped_on_server(api, namespaces[:1]) == set(loud), each=on_time)
         assert stopped_on_server(api, namespaces) == set(loud)
         assert sample(metrics, "kf_culler_brakes_held") == 0
-        assert runner.brake_state.held_until is None
+        assert runner.memory.brake_state.held_until is None
     # The namespace's turn showed in the shares at 1/6: all of one namespace, none of five others.
     assert max(s["newly-idle:gpu"] for s in shares) == pytest.approx(1 / 6)
     assert max(s["stops"] for s in shares) == pytest.approx(1 / 6)
@@ -413,7 +414,7 @@ def test_the_first_pass_on_an_idle_fleet_trips_the_stops_brake(
         assert second.brakes.held_stops == frozenset(keys)
         assert stopped_on_server(api, namespaces) == set()
 
-        assert runner.brake_state.tripped_at is not None
+        assert runner.memory.brake_state.tripped_at is not None
         release(api, namespace, datetime.now(UTC))
         third = runner.once()
         assert third.brakes is not None and not third.brakes.held and third.brakes.trips == ()

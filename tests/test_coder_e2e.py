@@ -1,7 +1,7 @@
 """Coder workspaces culled end to end (`targets: [coder]`, docs/targets.md, "Coder workspaces"): a real Coder v2.36.0
 server (kf_culler.local.coder: its PostgreSQL, Terraform and the coder/coder provider, `coder agent`), the shared
 full local cluster (kube-apiserver, kube-controller-manager, kube-scheduler, kwok nodes with `nvidia.com/gpu`) and a
-real Prometheus; the culler runs in-process (`Runner.once`) with an Owner's API token from a file.
+real Prometheus; the culler runs in-process (`Passes.once`) with an Owner's API token from a file.
 
 What is approximated, and why:
 - The template's Kubernetes objects. Coder's upstream template makes the workspace's Deployment with
@@ -44,6 +44,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from need import missing
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
@@ -61,7 +62,7 @@ from kf_culler.local.prometheus import Exposition, FakeGpu, Prometheus, dcgm_exp
 from kf_culler.local.prometheus import Unavailable as PrometheusUnavailable
 from kf_culler.metrics import Metrics
 from kf_culler.plan import EVENT_STOP
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.service import instrument
 
 pytestmark = pytest.mark.cluster
@@ -227,7 +228,7 @@ def site(world: World) -> Iterator[tuple[World, Template]]:
 
 
 def culler(world: World, namespace: str, token_file: Path | None = None, url: str | None = None,
-           max_workspaces: int | None = None, **policy: Any) -> Runner:
+           max_workspaces: int | None = None, **policy: Any) -> Passes:
     cap = {} if max_workspaces is None else {"maxWorkspaces": max_workspaces}
     settings = load_mapping({
         "targets": ["coder"],
@@ -235,7 +236,7 @@ def culler(world: World, namespace: str, token_file: Path | None = None, url: st
                   "namespace": namespace, "pageSize": 2, "timeoutSeconds": 5, **cap},
         "prometheus": {"url": world.gpus.prometheus.url if world.gpus.prometheus else None, "stepSeconds": 1},
         "warnMinutes": 0, "startupGraceMinutes": 0, **policy}, "test")
-    return Runner(settings, world.api, records_namespace=namespace)
+    return Passes(build_runner(settings, world.api, records_namespace=namespace))
 
 
 def result_for(results: list[NotebookResult], owner: Session, name: str) -> NotebookResult:
@@ -386,7 +387,8 @@ def test_coder_unreachable_is_no_signal_and_nothing_is_stopped(site: tuple[World
             r = result_for(runner.once().results, hal, "idle")
             assert (r.verdict.action, r.verdict.state) == ("keep", "no-signal"), r.verdict
             assert "Coder could not be read" in r.verdict.reason, r.verdict.reason
-            assert runner.coder_problem is not None and world.token_file.read_text().strip() not in runner.coder_problem
+            problem = runner.memory.coder.problem
+            assert problem is not None and world.token_file.read_text().strip() not in problem
     finally:
         relay.close()
     assert coder.get(f"/api/v2/workspaces/{ws['id']}")["latest_build"]["transition"] == "start"
@@ -419,7 +421,7 @@ def test_a_member_with_more_workspaces_than_max_leaves_the_rest_unjudged_and_ano
     unjudged = min(every["count"], 4 * cap) - cap
     metrics = Metrics()
     with culler(world, ns, max_workspaces=cap, idleMinutes=0.1) as runner, caplog.at_level("WARNING"):
-        instrument(runner, metrics)
+        runner.runner = instrument(runner.runner, metrics)
         deadline = time.monotonic() + 60
         while True:
             result = runner.once()
@@ -434,7 +436,7 @@ def test_a_member_with_more_workspaces_than_max_leaves_the_rest_unjudged_and_ano
             time.sleep(1)
         assert a.verdict.state == "idle" and a.verdict.rule_id == "10-idle", a.verdict
         assert a.write is not None and a.write.outcome == "patched", a.write
-        assert runner.coder_unjudged == unjudged and runner.coder_problem is None
+        assert runner.memory.coder.unjudged == unjudged and runner.memory.coder.problem is None
     assert f"kf_culler_coder_workspaces_unjudged {float(unjudged)}".encode() in metrics.render()
     assert f"{unjudged} more than coder.maxWorkspaces ({cap})" in caplog.text
     build = coder.get(f"/api/v2/workspaces/{idle['id']}")["latest_build"]

@@ -343,8 +343,10 @@ def test_the_runner_judges_the_first_and_reports_the_rest(kube: Any, namespace: 
     counted in `coder_unjudged` (the metric kf_culler_coder_workspaces_unjudged) and logged; before, the whole
     list failed and, after a restart, no Coder workspace was judged. The pods come from a real API server (the
     test namespace stands for coder.namespace); Coder is the stand-in HTTP listing of the recorded shape."""
+    from support.passes import Passes
+
     from kf_culler.metrics import Metrics
-    from kf_culler.runner import Runner
+    from kf_culler.runner import build_runner
     from kf_culler.service import instrument
 
     token = tmp_path / "token"
@@ -354,11 +356,13 @@ def test_the_runner_judges_the_first_and_reports_the_rest(kube: Any, namespace: 
                              "coder": {"url": stub, "tokenFile": str(token), "namespace": namespace,
                                        "pageSize": 2, "maxWorkspaces": 4}}, "test")
     metrics = Metrics()
-    with Runner(settings, kube.api_client(), records_namespace=namespace) as runner, caplog.at_level("WARNING"):
-        instrument(runner, metrics)
-        items = runner.coder_items()
+    with Passes(build_runner(settings, kube.api_client(), records_namespace=namespace)) as runner, \
+            caplog.at_level("WARNING"):
+        runner.runner = instrument(runner.runner, metrics)
+        items, seen = runner.coder_items()
         runner.once()
     assert [s["metadata"]["name"] for s, _ in items] == ["alice.ws-0", "alice.ws-1", "alice.ws-2", "bob.ws-0"]
-    assert runner.coder_unjudged == 3 and runner.coder_problem is None
+    assert seen.unjudged == 3 and seen.problem is None
+    assert runner.memory.coder.unjudged == 3 and runner.memory.coder.problem is None
     assert "3 more than coder.maxWorkspaces (4)" in caplog.text
     assert b"kf_culler_coder_workspaces_unjudged 3.0" in metrics.render()

@@ -3,7 +3,7 @@ real code-server.
 
 Everything is real: the .vsix that `hack/codeserver/extension.sh` builds from npm, installed with
 `code-server --install-extension` into code-server 4.139.1 (hack/codeserver/install.sh); the culler's
-verdict API filled by dry-run passes of a Runner on the local API server, run as the culler's own
+verdict API filled by dry-run passes of a Passes on the local API server, run as the culler's own
 ServiceAccount with the shipped RBAC, probing that code-server's /healthz through a loopback router as
 through a Service; a token minted for the notebook pod's ServiceAccount and the audience kf-culler; and
 the editor in Debian's headless Chromium, driven over the DevTools protocol.
@@ -32,6 +32,7 @@ import pytest
 from kubernetes import client
 from need import missing
 from support.codeserver import CodeServer, Unavailable, executable
+from support.passes import Passes
 from test_rbac import apply, bounded_writes, rbac_objects
 from test_verdict_api import CULLER_NS, EDITOR, call, ensure, notebook_pod, pod_token
 
@@ -44,7 +45,7 @@ from kf_culler.local import objects as obj
 from kf_culler.local.router import Router
 from kf_culler.metrics import ApiServer, Metrics
 from kf_culler.model import KEEP_UNTIL_ANNOTATION
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.service import instrument
 from kf_culler.timeutil import parse_time
 from kf_culler.verdict_api import VerdictApi
@@ -111,12 +112,12 @@ class Stack:
     namespace: str
     code: CodeServer
     router: Router
-    runner: Runner
+    runner: Passes
     http: ApiServer
     token_file: Path
 
     def pass_(self, ahead: timedelta = timedelta(0)) -> CycleResult:
-        self.runner.clock = lambda: datetime.now(UTC) + ahead
+        self.runner.change(clock=lambda: datetime.now(UTC) + ahead)
         return self.runner.once()
 
     def culler_verdict(self) -> dict[str, Any]:
@@ -163,8 +164,8 @@ def stack(kube: Any, api: Any, namespace: str, exe: Path, vsix: Path, tmp_path: 
             router.add("keep", namespace, NAME, code.url, strip=True)
             culler = load_mapping({**policy, "urls": {"codeServer": router.template("cs")},
                                    "namespaces": {"include": [namespace]}}, "test")
-            runner = Runner(culler, culler_api, dry_run=not writes, records_namespace=CULLER_NS)
-            instrument(runner, Metrics(), None, store)
+            runner = Passes(build_runner(culler, culler_api, dry_run=not writes, records_namespace=CULLER_NS))
+            runner.runner = instrument(runner.runner, Metrics(), None, store)
             try:
                 with runner:
                     yield Stack(namespace, code, router, runner, http, token_file)

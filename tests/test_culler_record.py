@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.kube.records import RECORDS_LABELS, bucket_names, bucket_of
@@ -17,7 +18,7 @@ from kf_culler.local import objects as obj
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 
 pytestmark = pytest.mark.cluster
 
@@ -32,10 +33,10 @@ def stored(api: Any, culler_ns: str, uid: str) -> dict[str, Any] | None:
     return None if text is None else dict(json.loads(text))
 
 
-def culler(api: Any, namespace: str, culler_ns: str, router: Router) -> Runner:
+def culler(api: Any, namespace: str, culler_ns: str, router: Router) -> Passes:
     settings = load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 0.05, "warnMinutes": 0,
                              "startupGraceMinutes": 0.5, "urls": {"jupyter": router.template()}}, "test")
-    return Runner(settings, api, records_namespace=culler_ns)
+    return Passes(build_runner(settings, api, records_namespace=culler_ns))
 
 
 def test_a_stop_is_recorded_and_a_new_culler_honours_the_restart(api: Any, namespace: str) -> None:

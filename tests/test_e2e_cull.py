@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from support.passes import Passes
 
 from kf_culler.config import Settings, load_mapping
 from kf_culler.local import objects as obj
@@ -26,7 +27,7 @@ from kf_culler.model import (
     WARNED_AT_ANNOTATION,
 )
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP, EVENT_WARN
-from kf_culler.runner import Runner, own_namespace
+from kf_culler.runner import build_runner, own_namespace
 from kf_culler.service import instrument
 from kf_culler.timeutil import format_time, parse_time
 
@@ -48,7 +49,7 @@ def settings_for(router: Router, namespace: str, **extra: Any) -> Settings:
         "probe": {"timeoutSeconds": 5}, "lastActivityStepMinutes": 10, **extra}, "test")
 
 
-def wait_cache(runner: Runner, ns: str, name: str, pred: Any, timeout: float = 20) -> None:
+def wait_cache(runner: Passes, ns: str, name: str, pred: Any, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert runner.cache is not None
@@ -89,7 +90,7 @@ def test_idle_stopped_busy_kept_foreign_stop_untouched(api: Any, namespace: str,
     make(api, namespace, "nb-idle")
     make(api, namespace, "nb-locked", {STOP_ANNOTATION: "odh-notebook-controller-lock"})
     time.sleep(3.5)  # the idle kernel passes the 3-second idle limit
-    runner = Runner(settings_for(router, namespace), api)
+    runner = Passes(build_runner(settings_for(router, namespace), api))
     with runner:
         result = runner.once()
         assert runner.cache is not None
@@ -126,7 +127,7 @@ def test_dry_run_writes_nothing(api: Any, namespace: str, router: Router,
     make(api, namespace, "nb-idle")
     before = obj.get_notebook(api, namespace, "nb-idle")["metadata"]
     time.sleep(3.5)
-    runner = Runner(settings_for(router, namespace, dryRun=True), api)
+    runner = Passes(build_runner(settings_for(router, namespace, dryRun=True), api))
     with runner:
         result = runner.once()
     assert result.results[0].verdict.action == "stop" and result.results[0].write is None
@@ -139,13 +140,13 @@ def test_concurrent_edit_is_not_lost(api: Any, namespace: str, router: Router,
                                      servers: dict[str, JupyterServer]) -> None:
     make(api, namespace, "nb-idle")
     time.sleep(3.5)
-    runner = Runner(settings_for(router, namespace), api)
+    runner = Passes(build_runner(settings_for(router, namespace), api))
 
     def other_writer(now: datetime, nb: dict[str, Any], pod: Any, observations: Any, context: Any) -> None:
         # Another controller edits the notebook after the culler read it and before it writes.
         obj.patch_annotations(api, namespace, nb["metadata"]["name"], {"team.example.com/owner": "kim"})
 
-    runner.on_observed = other_writer
+    runner.change(on_observed=other_writer)
     with runner:
         result = runner.once()
     write = result.results[0].write
@@ -159,7 +160,7 @@ def test_restart_clears_our_marks_and_restarts_the_grace(api: Any, namespace: st
                                                           servers: dict[str, JupyterServer]) -> None:
     make(api, namespace, "nb-idle")
     time.sleep(3.5)
-    runner = Runner(settings_for(router, namespace, warnMinutes=0), api)
+    runner = Passes(build_runner(settings_for(router, namespace, warnMinutes=0), api))
     with runner:
         assert runner.once().results[0].verdict.action == "stop"
         # The notebook-controller scales to 0; the user starts it again from the web app.
@@ -185,8 +186,8 @@ def test_warn_then_stop(api: Any, namespace: str, router: Router, servers: dict[
     again (no second Event), stop. The clock is injected, so a slow machine cannot skip the window."""
     make(api, namespace, "nb-idle")
     now = [datetime.now(UTC)]
-    runner = Runner(settings_for(router, namespace, idleMinutes=10, warnMinutes=5), api,
-                           clock=lambda: now[0])
+    runner = Passes(build_runner(settings_for(router, namespace, idleMinutes=10, warnMinutes=5), api,
+                           clock=lambda: now[0]))
     with runner:
         first = runner.once().results[0].verdict
         assert (first.action, first.state, first.rule_id) == ("keep", "idle", "10-idle"), first.reason
@@ -236,10 +237,10 @@ def test_steady_passes_cost_no_writes_when_idle_one_per_step_when_active(
     api.rest_client.request = counting_request
     start = datetime.now(UTC)
     now = [start]
-    runner = Runner(settings_for(router, namespace, idleMinutes=600, warnMinutes=60,
-                                        lastActivityStepMinutes=10), api, clock=lambda: now[0])
+    runner = Passes(build_runner(settings_for(router, namespace, idleMinutes=600, warnMinutes=60,
+                                        lastActivityStepMinutes=10), api, clock=lambda: now[0]))
     metrics = Metrics()
-    instrument(runner, metrics)
+    runner.runner = instrument(runner.runner, metrics)
     versions: dict[str, list[str]] = {"nb-idle": [], "nb-busy": []}
     per_pass: list[dict[str, int]] = []
     with runner:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.passes import Passes
 from support.target import KubeTarget
 
 from kf_culler.config import load_mapping
@@ -23,7 +24,7 @@ from kf_culler.local import objects as obj
 from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def test_namespace_labels_choose_the_rule(kube: KubeTarget, api: Any, two_namesp
             assert f"\nPolicy: rule {rule}\n" in done.stdout, done.stdout
 
         # The culler itself: the course notebook is stopped, the research one kept.
-        runner = Runner(load_mapping(cfg, "test"), api)
+        runner = Passes(build_runner(load_mapping(cfg, "test"), api))
         with runner:
             result = runner.once()
         verdicts = {r.namespace: r.verdict for r in result.results}

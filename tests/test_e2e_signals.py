@@ -19,6 +19,7 @@ import pytest
 from need import missing
 from support.codeserver import CodeServer
 from support.codeserver import Unavailable as NoCodeServer
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.local import objects as obj
@@ -26,7 +27,7 @@ from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.prometheus import Exposition, FakeGpu, Prometheus, Unavailable, dcgm_exposition, static_job
 from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -84,7 +85,7 @@ def test_code_server_closed_gpu_idle_is_stopped_and_the_others_kept(api: Any, na
         "namespaces": {"include": [namespace]},
         "urls": {"jupyter": world["router"].template(), "codeServer": world["router"].template("cs")},
         "prometheus": {"url": world["prom"].url, "stepSeconds": 1}}, "test")
-    with Runner(settings, api) as runner:
+    with Passes(build_runner(settings, api)) as runner:
         by_name = {r.name: r for r in runner.once().results}
 
     closed = by_name["cs-closed"].verdict

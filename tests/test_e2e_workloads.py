@@ -30,6 +30,7 @@ from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 from need import missing
 from support.kustomize import component_rbac, delete_cluster_rbac
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
@@ -39,7 +40,7 @@ from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.model import REASON_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION
 from kf_culler.plan import EVENT_STOP
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.targets import REPLICAS_BEFORE_ANNOTATION, session_key
 
 pytestmark = pytest.mark.cluster
@@ -94,14 +95,14 @@ class Env:
         return any(p.status.phase == "Running" and p.spec.node_name == GPU_NODE and not p.metadata.deletion_timestamp
                    for p in self.pods(name))
 
-    def culler(self, **workloads: Any) -> Runner:
+    def culler(self, **workloads: Any) -> Passes:
         settings = load_mapping({
             "targets": ["workloads"], "namespaces": {"include": [self.namespace]},
             "workloads": workloads or {"selector": {"matchLabels": {SESSION_LABEL: "true"}}},
             "idleMinutes": 0.05, "warnMinutes": 0, "startupGraceMinutes": 0.1, "gpuWithoutMetrics": "ide-only",
             "urls": {"workload": f"{self.router.base}/workload/{{namespace}}/{{name}}/"},
             "probe": {"timeoutSeconds": 5}}, "test")
-        return Runner(settings, self.api, records_namespace=self.namespace)
+        return Passes(build_runner(settings, self.api, records_namespace=self.namespace))
 
 
 @pytest.fixture()
@@ -130,7 +131,7 @@ def result_for(results: list[NotebookResult], name: str) -> NotebookResult:
     return found[0]
 
 
-def until_stopped(runner: Runner, name: str, timeout: float = 30) -> NotebookResult:
+def until_stopped(runner: Passes, name: str, timeout: float = 30) -> NotebookResult:
     """Passes until the session's verdict is a stop (its idle limit is seconds)."""
     deadline = time.monotonic() + timeout
     while (r := result_for(runner.once().results, name)).verdict.action != "stop":
@@ -205,7 +206,7 @@ def test_components_workloads_rbac_scales_a_session_and_nothing_more(env: Env, f
         with JupyterServer(env.namespace, "a", base_path="/") as server:
             env.router.add("workload", env.namespace, "a", f"http://127.0.0.1:{server.port}", strip=True)
             settings = env.culler().settings
-            with Runner(settings, sa_api, records_namespace=env.namespace) as runner:
+            with Passes(build_runner(settings, sa_api, records_namespace=env.namespace)) as runner:
                 r = until_stopped(runner, "a")
         assert r.write is not None and r.write.outcome == "patched" and r.write.event == "created", r.write
         assert env.apps.read_namespaced_deployment("a", env.namespace).spec.replicas == 0
@@ -297,7 +298,8 @@ def test_skip_controlled_by_cannot_be_satisfied_by_a_tenants_own_owner(kube: Any
             "targets": ["workloads"], "namespaces": {"include": [namespace, models]},
             "workloads": {"gpuWorkloads": True, "skipControlledBy": [
                 {"kind": "serving.kserve.io/InferenceService", "namespaces": [models]}]}}, "test")
-        with Runner(settings, admin, records_namespace=namespace) as runner:  # its cache started and synced
+        # its cache started and synced
+        with Passes(build_runner(settings, admin, records_namespace=namespace)) as runner:
             assert runner.cache is not None
             sessions = sorted(session_key(obj) for obj, _ in runner.cache.snapshot())
         assert sessions == [(namespace, "Deployment/big")]

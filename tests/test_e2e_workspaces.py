@@ -36,6 +36,7 @@ from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 from need import missing
 from support.kustomize import component_rbac, delete_cluster_rbac
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
@@ -59,7 +60,7 @@ from kf_culler.local.workspaces import (
 )
 from kf_culler.model import REASON_ANNOTATION, STATE_ANNOTATION, STOP_ANNOTATION, STOPPED_BY_ANNOTATION
 from kf_culler.plan import EVENT_RESTART, EVENT_STOP
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 
 pytestmark = pytest.mark.cluster
 TIMEOUT = 60.0
@@ -114,13 +115,13 @@ class Env:
         self.router.add("ws", self.namespace, name, f"http://127.0.0.1:{server.port}", strip=True)
         return server
 
-    def culler(self, **extra: Any) -> Runner:
+    def culler(self, **extra: Any) -> Passes:
         settings = load_mapping({
             "targets": ["workspaces"], "namespaces": {"include": [self.namespace]},
             "idleMinutes": 0.05, "warnMinutes": 0, "startupGraceMinutes": 0.1,
             "urls": {"workspace": f"{self.router.base}/ws/{{namespace}}/{{name}}{{path}}"},
             "probe": {"timeoutSeconds": 5}, **extra}, "test")
-        return Runner(settings, self.api, records_namespace=self.namespace)
+        return Passes(build_runner(settings, self.api, records_namespace=self.namespace))
 
     def events(self, name: str) -> list[Any]:
         return [e for e in self.core.list_namespaced_event(self.namespace).items
@@ -205,7 +206,7 @@ def result_for(results: list[NotebookResult], name: str) -> NotebookResult:
     return found[0]
 
 
-def until_action(runner: Runner, name: str, action: str, timeout: float = 30) -> NotebookResult:
+def until_action(runner: Passes, name: str, action: str, timeout: float = 30) -> NotebookResult:
     deadline = time.monotonic() + timeout
     while True:
         r = result_for(runner.once().results, name)
@@ -214,7 +215,7 @@ def until_action(runner: Runner, name: str, action: str, timeout: float = 30) ->
         time.sleep(1)
 
 
-def past_start(runner: Runner, name: str, timeout: float = 30) -> NotebookResult:
+def past_start(runner: Passes, name: str, timeout: float = 30) -> NotebookResult:
     """The first pass's result for name once its start grace is over (a busy machine starts one
     Workspace's pod seconds after another's, so it may still be "starting" when the other is judged)."""
     deadline = time.monotonic() + timeout
@@ -306,7 +307,7 @@ def test_components_workspaces_rbac_pauses_a_workspace_and_nothing_more(env: Env
         try:
             with env.culler() as admin_view:  # the settings, built once
                 settings = admin_view.settings
-            with Runner(settings, sa_api, records_namespace=env.namespace) as runner:
+            with Passes(build_runner(settings, sa_api, records_namespace=env.namespace)) as runner:
                 r = until_action(runner, "nb", "stop")
         finally:
             server.__exit__(None, None, None)
@@ -555,7 +556,7 @@ def test_a_workspace_its_controller_cannot_pause_is_reported_and_its_gpu_freed(e
         try:
             with env.culler(prometheus={"url": node.url, "stepSeconds": 1}, checkPeriodSeconds=1,
                             stopDeadlineMinutes=0.1) as runner:
-                instrument(runner, metrics)
+                runner.runner = instrument(runner.runner, metrics)
                 stopped = until_action(runner, "gpu", "stop")
                 assert stopped.verdict.rule_id == "10-idle" and stopped.write is not None, stopped.verdict
                 assert stopped.write.outcome == "patched", stopped.write

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from support.passes import Passes
 from support.target import KubeTarget
 from test_rbac import apply, bounded_writes, rbac_objects, writes_bounded
 from test_verdict_api import CULLER_NS, EDITOR, ensure, notebook_pod, pod_token
@@ -29,7 +30,7 @@ from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.metrics import ApiServer, Metrics
 from kf_culler.model import KEEP_UNTIL_ANNOTATION
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.service import instrument
 from kf_culler.timeutil import parse_time
 from kf_culler.verdict_api import VerdictApi
@@ -82,8 +83,9 @@ def test_a_notebook_asks_for_more_time_within_the_admins_bound(kube: KubeTarget,
                                  "namespaces": {"include": [namespace, strict]},
                                  "namespaceOverrides": {strict: {"maxExtendMinutes": 0}}}, "test")
         store = VerdictStore()
-        runner = Runner(settings, culler_api, records_namespace=CULLER_NS)  # it writes, as its own identity
-        instrument(runner, Metrics(), None, store)
+        # it writes, as its own identity
+        runner = Passes(build_runner(settings, culler_api, records_namespace=CULLER_NS))
+        runner.runner = instrument(runner.runner, Metrics(), None, store)
         tick = [1000.0]
         extender = Extender(store, Writer(culler_api), clock=lambda: tick[0])
         http = ApiServer("127.0.0.1:0", VerdictApi(store, TokenReviewer(culler_api), extender))

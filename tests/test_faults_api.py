@@ -29,6 +29,7 @@ import pytest
 import yaml
 from need import missing
 from support.faulty import FaultyServer
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.cycle import NotebookResult
@@ -47,7 +48,7 @@ from kf_culler.model import (
     STOPPED_BY_ANNOTATION,
 )
 from kf_culler.plan import EVENT_STOP
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.timeutil import format_time
 
 pytestmark = pytest.mark.cluster
@@ -121,7 +122,7 @@ def wait_for(pred: Any, what: str, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def cached_names(runner: Runner) -> set[str]:
+def cached_names(runner: Passes) -> set[str]:
     assert runner.cache is not None
     return {nb["metadata"]["name"] for nb, _ in runner.cache.snapshot()}
 
@@ -133,7 +134,7 @@ def test_api_server_killed_mid_pass_and_restarted(cluster: LocalCluster, api: An
     names = [f"nb-{i}" for i in range(6)]
     make(api, ns, *names)
     # One write at a time, so that "after the second notebook's write" is a place in the pass.
-    runner = Runner(load_mapping({**settings_for(faulty, ns), "writesInFlight": 1}, "test"), api)
+    runner = Passes(build_runner(load_mapping({**settings_for(faulty, ns), "writesInFlight": 1}, "test"), api))
     killed_after: list[str] = []
 
     def kill_after_two(result: NotebookResult) -> None:
@@ -142,7 +143,7 @@ def test_api_server_killed_mid_pass_and_restarted(cluster: LocalCluster, api: An
             if len(killed_after) == 2:
                 cluster.stop_apiserver(kill=True)
 
-    runner.on_result = kill_after_two
+    runner.change(on_result=kill_after_two)
     runner.start_cache(30)
     assert runner.cache is not None
     try:
@@ -157,7 +158,7 @@ def test_api_server_killed_mid_pass_and_restarted(cluster: LocalCluster, api: An
             assert w is not None and w.outcome == "failed" and w.error, w
             assert w.event is None  # no Event for a stop that was not written
 
-        runner.on_result = None
+        runner.change(on_result=None)
         down = runner.once()  # a whole pass with the API server down: no crash, nothing written
         assert all(r.write is not None and r.write.outcome == "failed" for r in down.results
                    if r.verdict.action == "stop")
@@ -202,12 +203,12 @@ def test_conflict_on_every_first_patch(api: Any, ns: str, faulty: FaultyServer) 
     other = {"nb-plain": {"team.example.com/owner": "kim"},
              "nb-exempted": {"team.example.com/owner": "kim", EXEMPT_ANNOTATION: "true"},
              "nb-user-stopped": {"team.example.com/owner": "kim", STOP_ANNOTATION: "2026-01-01T00:00:00Z"}}
-    runner = Runner(load_mapping(settings_for(faulty, ns, allowExempt=True), "test"), api)
+    runner = Passes(build_runner(load_mapping(settings_for(faulty, ns, allowExempt=True), "test"), api))
 
     def other_writer(now: datetime, nb: dict[str, Any], pod: Any, observations: Any, context: Any) -> None:
         obj.patch_annotations(api, ns, nb["metadata"]["name"], dict(other[nb["metadata"]["name"]]))
 
-    runner.on_observed = other_writer
+    runner.change(on_observed=other_writer)
     runner.start_cache(30)
     assert runner.cache is not None
     try:
@@ -239,7 +240,7 @@ def test_a_stop_lands_despite_a_users_write_loop(api: Any, ns: str, faulty: Faul
     test, and no stop is written."""
     make(api, ns, "nb-loop", "nb-loop-keep")
     obj.patch_annotations(api, ns, "nb-loop-keep", {KEEP_UNTIL_ANNOTATION: "2026-01-01T00:00:00Z"})
-    runner = Runner(load_mapping(settings_for(faulty, ns, maxExtendMinutes=600), "test"), api)
+    runner = Passes(build_runner(load_mapping(settings_for(faulty, ns, maxExtendMinutes=600), "test"), api))
     gets: Counter[str] = Counter()
 
     def user_write(name: str) -> None:
@@ -248,7 +249,7 @@ def test_a_stop_lands_despite_a_users_write_loop(api: Any, ns: str, faulty: Faul
             extra = {KEEP_UNTIL_ANNOTATION: format_time(datetime.now(UTC) + timedelta(hours=2))}
         obj.patch_annotations(api, ns, name, {"team.example.com/tick": str(gets[name]), **extra})
 
-    runner.on_observed = lambda now, nb, pod, observations, context: user_write(nb["metadata"]["name"])
+    runner.change(on_observed=lambda now, nb, pod, observations, context: user_write(nb["metadata"]["name"]))
     runner.start_cache(30)
     assert runner.cache is not None
     try:
@@ -283,7 +284,7 @@ def test_a_stop_lands_despite_a_users_write_loop(api: Any, ns: str, faulty: Faul
 
 def test_notebook_deleted_between_gather_and_apply(api: Any, ns: str, faulty: FaultyServer) -> None:
     make(api, ns, "nb-a", "nb-b-gone", "nb-c")
-    runner = Runner(load_mapping(settings_for(faulty, ns), "test"), api)
+    runner = Passes(build_runner(load_mapping(settings_for(faulty, ns), "test"), api))
 
     def delete_one(now: datetime, nb: dict[str, Any], pod: Any, observations: Any, context: Any) -> None:
         if nb["metadata"]["name"] == "nb-b-gone":
@@ -292,7 +293,7 @@ def test_notebook_deleted_between_gather_and_apply(api: Any, ns: str, faulty: Fa
             client.CustomObjectsApi(api).delete_namespaced_custom_object(
                 "kubeflow.org", "v1", ns, "notebooks", "nb-b-gone")
 
-    runner.on_observed = delete_one
+    runner.change(on_observed=delete_one)
     runner.start_cache(30)
     assert runner.cache is not None
     try:
@@ -330,7 +331,7 @@ def test_events_refused_by_rbac_the_stop_still_happens(cluster: LocalCluster, ap
         "subjects": [{"kind": "ServiceAccount", "name": "kf-culler", "namespace": ns}]})
     sa_api = cluster.api_client(cluster.service_account_kubeconfig(ns, "kf-culler"))
     make(api, ns, "nb-a", "nb-b")
-    runner = Runner(load_mapping(settings_for(faulty, ns), "test"), sa_api, records_namespace=ns)
+    runner = Passes(build_runner(load_mapping(settings_for(faulty, ns), "test"), sa_api, records_namespace=ns))
     runner.start_cache(30)
     assert runner.cache is not None
     try:
@@ -471,7 +472,7 @@ def test_a_hanging_api_server_fails_the_write_and_the_next_pass_writes(
     names = ["nb-a", "nb-b", "nb-c"]
     make(api, ns, *names)
     settings = load_mapping(settings_for(faulty, ns), "test")
-    runner = Runner(settings, api)
+    runner = Passes(build_runner(settings, api))
     with runner:
         wait_for(lambda: cached_names(runner) == set(names), "the cache to list the notebooks")
         with SilentProxy(tls) as proxy:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from support.faulty import HUGE_BYTES, FaultyServer
+from support.passes import Passes
 
 from kf_culler.config import ProbeSettings, PrometheusSettings, Settings, load_mapping
 from kf_culler.cycle import Cycle
@@ -26,7 +27,7 @@ from kf_culler.local import objects as obj
 from kf_culler.local.procs import free_port
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.plan import EVENT_STOP
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.sources import codeserver, jupyter
 from kf_culler.sources.gpu import PrometheusGpu
 from kf_culler.sources.http import Call, Fetcher
@@ -158,7 +159,7 @@ def make_fleet(api: Any, namespace: str, names: Sequence[tuple[str, str, int]]) 
 
 
 def run_once(settings: Settings, api: Any) -> Any:
-    runner = Runner(settings, api)
+    runner = Passes(build_runner(settings, api))
     runner.start_cache(30)
     try:
         return runner.once()

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 from support.faulty import FaultyServer
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.local import objects as obj
 from kf_culler.model import RESTARTED_AT_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.timeutil import format_time
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -47,7 +48,7 @@ def test_ordinary_notebooks_are_culled_on_time_beside_hostile_ones(api: Any, nam
             "namespaces": {"include": [namespace]}, "urls": {"jupyter": faulty.base + "/{name}/"},
             "probe": {"timeoutSeconds": 1, "connectTimeoutSeconds": 1, "retries": 0}}, "soak")
         now = [start]
-        runner = Runner(settings, api, clock=lambda: now[0])
+        runner = Passes(build_runner(settings, api, clock=lambda: now[0]))
 
         def hostile_user(_now: datetime, nb: dict[str, Any], pod: Any, observations: Any, _context: Any) -> None:
             name = nb["metadata"]["name"]
@@ -58,7 +59,7 @@ def test_ordinary_notebooks_are_culled_on_time_beside_hostile_ones(api: Any, nam
             elif name == LOOPER:  # a script writing the Notebook after every read
                 obj.patch_annotations(api, namespace, name, {"team.example.com/tick": format_time(now[0])})
 
-        runner.on_observed = hostile_user
+        runner.change(on_observed=hostile_user)
         stopped_at: dict[str, int] = {}
         states: dict[str, set[str]] = {name: set() for name in GARBAGE}
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -19,6 +19,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.kustomize import render
+from support.passes import Passes
 from support.target import KubeTarget
 from test_rbac import apply
 
@@ -27,7 +28,7 @@ from kf_culler.config_layers import load_layered
 from kf_culler.kube import istio
 from kf_culler.kube.istio import GROUP, NAME, PLURAL, VERSION, PolicyKeeper
 from kf_culler.local import objects as obj
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 
 ROOT = Path(__file__).resolve().parents[1]
 KUSTOMIZE = ROOT / "kustomize"
@@ -197,7 +198,7 @@ def test_kept_where_notebooks_are_and_nowhere_else(api: Any, namespace: str, aut
     by_hand = policies(api, hand)[NAME]
     custom = client.CustomObjectsApi(api)
 
-    runner = Runner(settings_for([with_nb, without, hand]), api)
+    runner = Passes(build_runner(settings_for([with_nb, without, hand]), api))
     with runner:
         runner.once()
         assert runner.policies is not None and runner.policies.last is not None
@@ -319,7 +320,7 @@ def test_excluded_namespaces_are_left_alone(api: Any, namespace: str, authz_crd:
 def test_nothing_is_created_unless_asked(api: Any, namespace: str, authz_crd: None, how: str) -> None:
     settings = settings_for([namespace], manage=how != "option off")
     obj.create_notebook(api, namespace, obj.notebook("nb"))
-    runner = Runner(settings, api, dry_run=how == "dry run")
+    runner = Passes(build_runner(settings, api, dry_run=how == "dry run"))
     with runner:
         runner.once()
         runner.once()
@@ -367,7 +368,8 @@ def test_as_the_service_account(kube: KubeTarget, api: Any, namespace: str, auth
     sa_api = kube.api_client(kube.service_account_kubeconfig(culler_ns, "kf-culler"))
     obj.create_notebook(api, work, obj.notebook("nb"))
     foreign(api, work, "ns-owner-access-istio")  # as in a Kubeflow profile's namespace
-    runner = Runner(settings_for([work]), sa_api, records_namespace=culler_ns)  # exactly the culler's identity
+    # exactly the culler's identity
+    runner = Passes(build_runner(settings_for([work]), sa_api, records_namespace=culler_ns))
     with runner:
         result = runner.once()  # never raises, whatever the API server answers
     assert [r.name for r in result.results] == ["nb"]
@@ -400,7 +402,7 @@ def test_a_policy_the_culler_cannot_put_in_place_is_a_confirmed_access_problem(
     obj.running_pod(api, work, "nb", datetime.now(UTC) - timedelta(hours=3), gpus=1)
     foreign(api, work, "ns-owner-access-istio")  # as in a Kubeflow profile's namespace
     time.sleep(1)
-    runner = Runner(settings_for([work]), sa_api, records_namespace=culler_ns)
+    runner = Passes(build_runner(settings_for([work]), sa_api, records_namespace=culler_ns))
     with runner:
         first = runner.once().results[0]
         assert runner.policies is not None and runner.policies.last is not None

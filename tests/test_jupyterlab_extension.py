@@ -1,7 +1,7 @@
 """The JupyterLab extension (extensions/jupyterlab, docs/ide-extension.md) against a real culler.
 
 Everything is real: the culler's verdict API (ApiServer + VerdictApi) filled by dry-run passes of a
-Runner on the local API server, run as the culler's own ServiceAccount with the shipped RBAC; a token
+Passes on the local API server, run as the culler's own ServiceAccount with the shipped RBAC; a token
 minted for the notebook pod's ServiceAccount (as the kubelet projects it); JupyterLab with the extension
 from the virtualenv `hack/jupyterlab/build.sh` builds, under Kubeflow's base_url and NB_PREFIX; and the
 banner in Debian's headless Chromium, driven over the DevTools protocol.
@@ -29,6 +29,7 @@ import pytest
 from kubernetes import client
 from need import missing
 from support.jupyterlab import BuildFailed, LabServer, build
+from support.passes import Passes
 from test_rbac import apply, rbac_objects
 from test_verdict_api import CULLER_NS, EDITOR, call, ensure, notebook_pod, pod_token
 
@@ -41,7 +42,7 @@ from kf_culler.local import objects as obj
 from kf_culler.local.router import Router
 from kf_culler.metrics import ApiServer, Metrics
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, Verdict
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.service import instrument
 from kf_culler.timeutil import parse_time
 from kf_culler.verdict_api import VerdictApi
@@ -66,7 +67,7 @@ def lab_python() -> str:
 class Stack:
     namespace: str
     lab: LabServer
-    runner: Runner
+    runner: Passes
     http: ApiServer
     token_file: Path
     api: Any
@@ -74,7 +75,7 @@ class Stack:
 
     def pass_(self, ahead: timedelta = timedelta(0)) -> CycleResult:
         """One dry-run pass of the culler, its clock `ahead` of now."""
-        self.runner.clock = lambda: datetime.now(UTC) + ahead
+        self.runner.change(clock=lambda: datetime.now(UTC) + ahead)
         return self.runner.once()
 
     def culler_verdict(self) -> dict[str, Any]:
@@ -133,8 +134,8 @@ def stack(kube: Any, api: Any, namespace: str, python: str, tmp_path: Path, poll
         settings = load_mapping({**(policy or {"idleMinutes": 30, "warnMinutes": 10}),
                                  "urls": {"jupyter": router.template()},
                                  "namespaces": {"include": [namespace]}}, "test")
-        runner = Runner(settings, culler_api, dry_run=not writes, records_namespace=CULLER_NS)
-        instrument(runner, Metrics(), None, store)
+        runner = Passes(build_runner(settings, culler_api, dry_run=not writes, records_namespace=CULLER_NS))
+        runner.runner = instrument(runner.runner, Metrics(), None, store)
         try:
             with runner:
                 yield Stack(namespace, lab, runner, http, token_file, api, store)

@@ -27,6 +27,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from need import missing
+from support.passes import Passes
 from test_e2e_cull import make, router  # noqa: F401  (router: a module fixture)
 
 from kf_culler.config import ConfigError, load_mapping
@@ -36,7 +37,7 @@ from kf_culler.local.router import Router
 from kf_culler.metrics import Metrics
 from kf_culler.model import STOP_ANNOTATION, WARNED_AT_ANNOTATION
 from kf_culler.notify.notifier import FAILED_EVENT, Notifier
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,8 +225,8 @@ class Culler:
         self.metrics = Metrics()
         self.notifier = Notifier.for_settings(self.settings, self.api, self.metrics)
         assert self.notifier is not None
-        self.runner = Runner(self.settings, self.api, notifier=self.notifier, clock=lambda: self.now,
-                             records_namespace=self.records_namespace)
+        self.runner = Passes(build_runner(self.settings, self.api, notifier=self.notifier, clock=lambda: self.now,
+                             records_namespace=self.records_namespace))
         self.runner.start_cache(30)
 
     def restart(self) -> None:

@@ -23,6 +23,7 @@ from need import missing
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from support.passes import Passes
 from support.target import KubeTarget
 
 from kf_culler.config import Settings, load_mapping
@@ -40,7 +41,7 @@ from kf_culler.local.prometheus import (
 from kf_culler.local.router import Router
 from kf_culler.metrics import HealthServer, Metrics
 from kf_culler.model import TRACE_ANNOTATION
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.service import instrument, readiness
 
 pytestmark = pytest.mark.cluster
@@ -94,10 +95,11 @@ def test_stop_is_traced_counted_and_served(api: Any, namespace: str,
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    runner = Runner(settings(router, prom, namespace), api, tracer=provider.get_tracer("test"))
+    runner = Passes(build_runner(settings(router, prom, namespace), api, tracer=provider.get_tracer("test")))
     metrics = Metrics()
-    instrument(runner, metrics)
-    server = HealthServer(f"127.0.0.1:{free_port()}", metrics, lambda: readiness(runner))
+    runner.runner = instrument(runner.runner, metrics)
+    server = HealthServer(f"127.0.0.1:{free_port()}", metrics,
+                          lambda: readiness(runner.runner, memory=runner.memory))
     server.start()
     base = f"http://127.0.0.1:{server.port}"
     try:
@@ -175,8 +177,8 @@ def test_collector_down_never_holds_up_the_cycle(api: Any, namespace: str,
                                                         timeout=2))
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(recorder, schedule_delay_millis=50))
-    plain = Runner(settings(router, prom, namespace), api, dry_run=True)
-    traced = Runner(plain.settings, api, dry_run=True, tracer=provider.get_tracer("test"))
+    plain = Passes(build_runner(settings(router, prom, namespace), api, dry_run=True))
+    traced = Passes(build_runner(plain.settings, api, dry_run=True, tracer=provider.get_tracer("test")))
     try:
         plain.start_cache(30)
         traced.start_cache(30)

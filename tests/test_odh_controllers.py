@@ -472,11 +472,13 @@ def test_the_culler_stops_an_idle_workbench_and_never_touches_the_lock(env: Env)
     `odh-notebook-controller-lock` stands the workbench counts as stopped and nothing is written (a stop written
     then would be erased with the lock); once the controller removed it, an idle workbench is stopped with a
     timestamp, the fork scales it to 0, and the lock's removal is never taken for a restart."""
+    from support.passes import Passes
+
     from kf_culler.config import load_mapping
     from kf_culler.config_layers import load_layered
     from kf_culler.local.jupyter import JupyterServer
     from kf_culler.local.router import Router
-    from kf_culler.runner import Runner
+    from kf_culler.runner import build_runner
 
     overlay = load_layered(ROOT / "kustomize" / "overlays" / "openshift-ai" / "config.yaml")
     env.create(odh_notebook_body(env.namespace, "wb"))
@@ -489,7 +491,7 @@ def test_the_culler_stops_an_idle_workbench_and_never_touches_the_lock(env: Env)
                     "startupGraceMinutes": 0.05, "urls": {**raw.get("urls", {}), "jupyter": router.template()}})
         settings = load_mapping(raw, "test")
         assert settings.policy.server_type_by_image == overlay.policy.server_type_by_image
-        with Runner(settings, env.api, records_namespace=env.namespace) as runner:
+        with Passes(build_runner(settings, env.api, records_namespace=env.namespace)) as runner:
             locked = [r for r in runner.once().results if r.name == "wb"]
             if env.annotations("wb").get(STOP_ANNOTATION) == LOCK_VALUE and locked:
                 assert locked[0].verdict.rule_id == "1-stopped" and locked[0].write is None  # the lock: nothing written
@@ -616,9 +618,11 @@ def proxy_settings(e: Env, sidecar: Any, **changes: Any) -> Any:
 
 
 def one_pass(settings: Any, api: Any, namespace: str, prober: Any = None) -> Any:
-    from kf_culler.runner import Runner
+    from support.passes import Passes
 
-    with Runner(settings, api, records_namespace=namespace, prober=prober) as runner:
+    from kf_culler.runner import build_runner
+
+    with Passes(build_runner(settings, api, records_namespace=namespace, prober=prober)) as runner:
         [r] = [x for x in runner.once().results if x.name == "wb"]
     return r
 
@@ -781,11 +785,12 @@ def test_each_namespace_has_its_own_prober_whose_token_opens_only_that_namespace
         again by the next pass;
     (4) the culler can make exactly these objects and nothing more."""
     from kubernetes import client
+    from support.passes import Passes
 
     from kf_culler.config import load_mapping
     from kf_culler.kube.prober import ProberTokens, prober_name
     from kf_culler.local.jupyter import JupyterServer
-    from kf_culler.runner import Runner
+    from kf_culler.runner import build_runner
 
     a, b = env, env2
     culler_ns = a.namespace  # the culler runs in A's namespace; its probers live there too
@@ -809,11 +814,11 @@ def test_each_namespace_has_its_own_prober_whose_token_opens_only_that_namespace
             settings = load_mapping(raw, "test")
             prober = ProberTokens(settings.operations.probe.auth_proxy, sa_api, culler_ns)
 
-            def one(runner: Runner) -> dict[str, Any]:
+            def one(runner: Passes) -> dict[str, Any]:
                 return {r.namespace: r for r in runner.once().results if r.name == "wb"}
 
             with svc_names_on_loopback(monkeypatch, hosts), \
-                    Runner(settings, sa_api, records_namespace=culler_ns, prober=prober) as runner:
+                    Passes(build_runner(settings, sa_api, records_namespace=culler_ns, prober=prober)) as runner:
                 # (2) one pass, both namespaces, each through its own proxy with its own prober's token.
                 got = one(runner)
                 for e in (a, b):

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.local import objects as obj
 from kf_culler.metrics import Metrics
 from kf_culler.plan import EVENT_ORPHAN
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.service import instrument
 from kf_culler.targets.pairing import pair
 
@@ -101,15 +102,16 @@ def test_a_gpu_pod_taken_from_its_statefulset_is_reported_once(api: Any, namespa
     obj.create_notebook(api, namespace, obj.notebook("ok"))
     obj.running_pod(api, namespace, "ok", datetime.now(UTC) - timedelta(hours=2))
     time.sleep(1)
-    runner = Runner(load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600}, "test"), api)
+    runner = Passes(build_runner(load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600}, "test"),
+                                 api))
     metrics = Metrics()
-    instrument(runner, metrics)
+    runner.runner = instrument(runner.runner, metrics)
     with runner:
         first = {r.name: r for r in runner.once().results}
         second = {r.name: r for r in runner.once().results}
     assert (first["nb"].verdict.state, first["nb"].verdict.rule_id) == ("starting", "3-starting")
     assert second["ok"].verdict.rule_id != "3-starting"  # the control: an owned pod is paired
-    assert [(o.notebook, o.why) for o in runner.gpu_orphans] == [("nb", "the pod is not controlled by the "
+    assert [(o.notebook, o.why) for o in runner.last.gpu_orphans] == [("nb", "the pod is not controlled by the "
                                                                           "StatefulSet nb")]
     events = [e for e in obj.events_for(api, namespace, "nb") if e.reason == EVENT_ORPHAN]
     assert len(events) == 1 and "holds a GPU" in events[0].message and events[0].type == "Warning"
@@ -141,15 +143,15 @@ def test_a_statefulset_without_its_owner_reference_is_still_the_notebooks(api: A
         "spec": {"containers": [{"name": "c", "image": "decoy:local",
                                  "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
     time.sleep(1)
-    runner = Runner(load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600,
-                                  "noSignalGpuIdleMinutes": 600}, "test"), api, dry_run=True)
+    runner = Passes(build_runner(load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600,
+                                  "noSignalGpuIdleMinutes": 600}, "test"), api, dry_run=True))
     with runner:
         (only,) = runner.once().results
         snapshot = runner.cache.snapshot() if runner.cache is not None else []
     assert only.name == "nb" and only.verdict.rule_id != "3-starting", only.verdict
     assert [(nb["metadata"]["name"], (pod or {}).get("metadata", {}).get("name")) for nb, pod in snapshot] == [
         ("nb", "nb-0")]
-    assert runner.gpu_orphans == []
+    assert runner.last.gpu_orphans == []
 
 
 def test_reclaimed_gpu_time_counts_only_the_cullers_own_stops_of_unorphaned_notebooks() -> None:

@@ -490,9 +490,11 @@ def test_a_forced_prober_collision_never_binds_another_namespaces_prober(
     token captured in the attacker's workbench may not get the victim's notebooks, and the victim's workbench reads
     no signal (never idle) with the reason, logged, nothing sent to it. As the culler's ServiceAccount under the
     component's admission policy, and as an admin with no policy at all (the culler's own check holds alone)."""
+    from support.passes import Passes
+
     from kf_culler.kube import prober as prober_module
     from kf_culler.local import objects as obj
-    from kf_culler.runner import Runner
+    from kf_culler.runner import build_runner
 
     culler_ns = namespace
     with extra_namespaces(api, "", "") as (attacker, victim), \
@@ -520,7 +522,7 @@ def test_a_forced_prober_collision_never_binds_another_namespaces_prober(
             obj.create_notebook(api, ns, obj.notebook("wb"))
             obj.running_pod(api, ns, "wb", started)
         with caplog.at_level(logging.WARNING, logger="kf_culler.kube.prober"), \
-                Runner(settings, as_, records_namespace=culler_ns, prober=prober) as runner:
+                Passes(build_runner(settings, as_, records_namespace=culler_ns, prober=prober)) as runner:
             for _ in range(2):  # every pass: nothing is bound, so nothing is restored either
                 results = {r.namespace: r for r in runner.once().results if r.name == "wb"}
                 assert subjects_naming(api, victim, shared) == []

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.local import objects as obj
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.targets.pairing import service_problem
 
 
@@ -68,7 +69,7 @@ def test_a_redirected_service_is_not_probed(api: Any, namespace: str) -> None:
     time.sleep(1)
     settings = load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600,
                              "probe": {"timeoutSeconds": 2, "connectTimeoutSeconds": 1, "retries": 0}}, "test")
-    with Runner(settings, api) as runner:
+    with Passes(build_runner(settings, api)) as runner:
         by = {r.name: r for r in runner.once().results}
     assert by["own"].calls, "the controller's Service is probed"
     assert "not probed" not in str(by["own"].observations["jupyter"])

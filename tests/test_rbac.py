@@ -17,6 +17,7 @@ import yaml
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 from support.kustomize import ADMISSION_KINDS, delete_cluster_rbac, kubectl_path, render, writes_policy
+from support.passes import Passes
 from support.target import KubeTarget
 
 from kf_culler.config import load_mapping
@@ -27,7 +28,7 @@ from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.plan import EVENT_STOP
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +133,7 @@ def test_a_full_cycle_as_the_culler_and_nothing_more(kube: KubeTarget, api: Any,
         time.sleep(3.5)
         settings = load_mapping({"idleMinutes": 0.05, "warnMinutes": 0, "urls": {"jupyter": router.template()},
                                  "namespaces": {"include": [namespace]}}, "test")
-        runner = Runner(settings, sa_api, records_namespace=CULLER_NS)  # exactly the culler's identity
+        runner = Passes(build_runner(settings, sa_api, records_namespace=CULLER_NS))  # exactly the culler's identity
         with runner:
             result = runner.once()
         # the stop was recorded first, in the culler's own namespace (rule 15)
@@ -179,7 +180,7 @@ def test_namespace_scoped_mode_is_refused_outside_its_scope(kube: KubeTarget, ap
     for ns in (namespace, other):
         obj.create_notebook(api, ns, obj.notebook("nb"))
     settings = load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600}, "test")
-    runner = Runner(settings, sa_api, dry_run=True, records_namespace=scoped_ns)
+    runner = Passes(build_runner(settings, sa_api, dry_run=True, records_namespace=scoped_ns))
     with runner:
         assert runner.cache is not None and runner.cache.synced
         names = [r.name for r in runner.once().results]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.kube.records import (
@@ -33,7 +34,7 @@ from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.model import STOP_ANNOTATION, STOPPED_AT_ANNOTATION, STOPPED_BY_ANNOTATION, STOPPED_BY_VALUE
 from kf_culler.record import CullerRecord
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 
 T0 = datetime(2026, 11, 29, 10, 40, tzinfo=UTC)
 FULL = CullerRecord(T0, T0, T0, T0, T0)  # every time set: the largest record
@@ -158,13 +159,11 @@ def test_the_import_is_remembered_per_shard_under_any_later_shard_count() -> Non
 # On the real API server
 
 
-def _culler(api: Any, namespaces: list[str], culler_ns: str, router: Router, **store: int) -> Runner:
+def _culler(api: Any, namespaces: list[str], culler_ns: str, router: Router, **store: int) -> Passes:
     settings = load_mapping({"namespaces": {"include": namespaces}, "idleMinutes": 0.05, "warnMinutes": 0,
                              "startupGraceMinutes": 0.5, "urls": {"jupyter": router.template()}}, "test")
-    runner = Runner(settings, api, records_namespace=culler_ns)
-    if store:
-        runner.records = RecordStore(api, culler_ns, **store)
-    return runner
+    return Passes(build_runner(settings, api, records_namespace=culler_ns,
+                               records=RecordStore(api, culler_ns, **store) if store else None))
 
 
 def _forged(name: str) -> dict[str, Any]:
@@ -182,7 +181,7 @@ def _buckets(api: Any, culler_ns: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def _stop_victim(runner: Runner, namespace: str, name: str) -> Any:
+def _stop_victim(runner: Passes, namespace: str, name: str) -> Any:
     deadline = time.monotonic() + 40  # the fresh server's own start is activity: 3 s idle to go
     while time.monotonic() < deadline:
         mine = [r for r in runner.once().results if (r.namespace, r.name) == (namespace, name)]

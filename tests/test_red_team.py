@@ -29,6 +29,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from need import missing
+from support.passes import Passes
 
 from kf_culler.config import GPU_MODEL_LABEL, load_mapping
 from kf_culler.cycle import NotebookResult
@@ -47,7 +48,7 @@ from kf_culler.model import (
     STOPPED_BY_ANNOTATION,
     STOPPED_BY_VALUE,
 )
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.timeutil import format_time
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -73,7 +74,7 @@ class Profile:
         self.router = Router()
         self.jupyter: dict[str, JupyterServer] = {}
         self.gpu = GpuNode(self.namespace)
-        self.runner: Runner | None = None
+        self.runner: Passes | None = None
         self.user: Any = None
         self.results: list[NotebookResult] = []
 
@@ -164,13 +165,13 @@ class Profile:
             return None
         return int(sts.spec.replicas)
 
-    def culler(self, **policy: Any) -> Runner:
+    def culler(self, **policy: Any) -> Passes:
         settings = load_mapping({
             "idleMinutes": 0.1, "warnMinutes": 0, "startupGraceMinutes": 0, "checkPeriodSeconds": 1,
             "namespaces": {"include": [self.namespace]}, "urls": {"jupyter": self.router.template("notebook")},
             "probe": {"timeoutSeconds": 2, "connectTimeoutSeconds": 1, "retries": 0},
             "prometheus": {"url": self.gpu.url, "stepSeconds": 1}, **policy}, "red team")
-        self.runner = Runner(settings, self.admin)
+        self.runner = Passes(build_runner(settings, self.admin))
         self.runner.start_cache()
         return self.runner
 
@@ -279,7 +280,7 @@ def test_removing_the_statefulsets_owner_reference_hides_nothing(profile: Profil
     runner = profile.culler()
     r = profile.passes_until("nb", is_stop, between=lambda: profile.gpu.assign("nb-0", util=0, used_mib=0))
     assert r.verdict.state == "idle" and r.gpus == 1, r.verdict
-    assert runner.gpu_orphans == []
+    assert runner.last.gpu_orphans == []
     profile.stopped("nb", r)
     core = client.CoreV1Api(profile.admin)
     procs.wait_until(lambda: "nb-0" not in {p.metadata.name for p in core.list_namespaced_pod(
@@ -323,7 +324,7 @@ def test_renumbering_the_statefulsets_pods_hides_nothing(profile: Profile) -> No
     runner = profile.culler()
     r = profile.passes_until("nb", is_stop, between=lambda: profile.gpu.assign("nb-1", util=0, used_mib=0))
     assert r.verdict.state == "idle" and r.gpus == 1, r.verdict
-    assert runner.gpu_orphans == []
+    assert runner.last.gpu_orphans == []
     profile.stopped("nb", r)
     procs.wait_until(lambda: not core.list_namespaced_pod(profile.namespace).items, 60, 0.2,
                      "the pods of nb to go away")
@@ -521,12 +522,12 @@ def test_forged_stop_marks_from_a_tenant_are_imported_once_and_keep_no_name(kube
         return {k: v for cm in client.CoreV1Api(api).list_namespaced_config_map(culler_ns).items
                 for k, v in (cm.data or {}).items()}
 
-    with Runner(settings, api, records_namespace=culler_ns) as first:
+    with Passes(build_runner(settings, api, records_namespace=culler_ns)) as first:
         first.once()
         late = {forge(i) for i in range(20, 30)}
         time.sleep(1)  # the cache sees them
         first.once()
-    with Runner(settings, api, records_namespace=culler_ns) as second:
+    with Passes(build_runner(settings, api, records_namespace=culler_ns)) as second:
         second.once()
         second.once()
     records = stored()

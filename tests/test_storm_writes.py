@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.faulty import FaultyServer
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.kube import backoff
@@ -20,7 +21,7 @@ from kf_culler.kube.backoff import with_backoff
 from kf_culler.kube.records import bucket_names, bucket_of
 from kf_culler.local import objects as obj
 from kf_culler.model import STOP_ANNOTATION
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 
 
 def throttled(retry_after: str | None) -> ApiException:
@@ -109,7 +110,7 @@ def test_a_mass_stop_keeps_at_most_writes_in_flight_patches_at_once(api: Any, na
             "idleMinutes": 30, "warnMinutes": 0, "startupGraceMinutes": 0, "writesInFlight": in_flight,
             "namespaces": {"include": [namespace]}, "urls": {"jupyter": faulty.base + "/{name}/"}}, "storm")
         api.call_api = counting
-        with Runner(settings, api, records_namespace=namespace) as runner:
+        with Passes(build_runner(settings, api, records_namespace=namespace)) as runner:
             result = runner.once()
     stops = [r for r in result.results if r.verdict.action == "stop"]
     assert len(stops) == len(names)
@@ -176,7 +177,7 @@ def test_a_storm_stores_its_stop_records_in_one_patch_per_bucket(api: Any, names
     with FaultyServer(idle_since=datetime.now(UTC) - timedelta(hours=1)) as faulty:
         settings = storm_of(api, namespace, names, faulty)
         seen, _ = record_patches(api)
-        with Runner(settings, api, records_namespace=namespace) as runner:
+        with Passes(build_runner(settings, api, records_namespace=namespace)) as runner:
             result = runner.once()
     assert sum(r.write is not None and r.write.outcome == "patched" for r in result.results) == len(names)
     with_stops = [p for p in seen if any(v and "stoppedAt" in v for v in p["data"].values())]
@@ -203,7 +204,7 @@ def test_a_stop_whose_patch_fails_gets_its_record_back(api: Any, namespace: str)
             return watching(method, url, *args, **kwargs)
 
         api.call_api = refusing
-        with Runner(settings, api, records_namespace=namespace) as runner:
+        with Passes(build_runner(settings, api, records_namespace=namespace)) as runner:
             result = runner.once()
         api.call_api = original
     outcome = {r.name: r.write.outcome if r.write is not None else None for r in result.results}
@@ -246,7 +247,7 @@ def test_a_storm_writes_every_stop_before_the_first_event(api: Any, namespace: s
         settings = storm_of(api, namespace, names, faulty)
         api.call_api = ordering
         try:
-            with Runner(settings, api, records_namespace=namespace) as runner:
+            with Passes(build_runner(settings, api, records_namespace=namespace)) as runner:
                 result = runner.once()
         finally:
             api.call_api = original
@@ -278,7 +279,7 @@ def test_an_event_that_could_not_be_sent_is_sent_by_the_next_pass(api: Any, name
         settings = storm_of(api, namespace, names, faulty)
         api.call_api = refusing
         try:
-            with Runner(settings, api, records_namespace=namespace) as runner:
+            with Passes(build_runner(settings, api, records_namespace=namespace)) as runner:
                 first = runner.once()
                 events = {r.name: r.write.event if r.write else None for r in first.results}
                 assert events == {"nb00-ok": "failed: HTTP 503", "nb01-ok": "failed: HTTP 403",
@@ -316,13 +317,13 @@ def test_a_pass_stopped_mid_chunk_takes_back_the_records_stored_ahead(api: Any, 
                                  "urls": {"jupyter": faulty.base + "/{name}/"}}, "storm")
         seen, original = record_patches(api)
         written: list[str] = []
-        with Runner(settings, api, records_namespace=namespace) as runner:
+        with Passes(build_runner(settings, api, records_namespace=namespace)) as runner:
             def stop_after_three(r: Any) -> None:
                 written.append(r.name)
                 if len(written) == 3:
                     runner.stop.set()
 
-            runner.on_result = stop_after_three
+            runner.change(on_result=stop_after_three)
             result = runner.once()
         api.call_api = original
     assert result.interrupted and len(written) == 3

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from support.faulty import FaultyServer
+from support.passes import Passes
 
 from kf_culler.config import load_mapping
 from kf_culler.decide import decide
@@ -34,7 +35,7 @@ from kf_culler.model import (
     STOP_ANNOTATION,
     Verdict,
 )
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.scenario import verdict_for_document
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +135,7 @@ def test_annotations_never_redirect_a_probe(api: Any, namespace: str, home: Faul
                  "codeServer": home.base + "/cs/{namespace}/{name}/"},
         "probe": {"timeoutSeconds": 5}}, "test")
     before = len(home.seen)
-    runner = Runner(settings, api)
+    runner = Passes(build_runner(settings, api))
     runner.start_cache(30)
     assert runner.cache is not None
     try:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.passes import Passes
 from support.target import KubeTarget
 from test_hardened_port import forged
 from test_rbac import apply, rbac_objects
@@ -33,7 +34,7 @@ from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.metrics import ApiServer, Metrics
 from kf_culler.model import Verdict
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.service import instrument
 from kf_culler.slots import Peer
 from kf_culler.verdict_api import MAX_LIST_BYTES, MAX_LIST_ITEMS, VerdictApi
@@ -112,8 +113,8 @@ def test_verdicts_readable_by_own_namespace_only(kube: KubeTarget, api: Any, nam
                                  "namespaces": {"include": [namespace, other]}}, "test")
         store = VerdictStore()
         # the culler's own identity, writing nothing
-        runner = Runner(settings, culler_api, dry_run=True, records_namespace=CULLER_NS)
-        instrument(runner, Metrics(), None, store)
+        runner = Passes(build_runner(settings, culler_api, dry_run=True, records_namespace=CULLER_NS))
+        runner.runner = instrument(runner.runner, Metrics(), None, store)
         reviewer = TokenReviewer(culler_api)
         http = ApiServer("127.0.0.1:0", VerdictApi(store, reviewer))
         http.start()

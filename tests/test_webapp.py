@@ -8,7 +8,7 @@ Real here:
   The frontend is not part of it: the tests call the routes the frontend calls.
 - kube-apiserver and etcd (the session's cluster, tests/conftest.py), the Notebook CRD, Events.
 - Jupyter servers (jupyter_server + ipykernel) answering the culler's probes, and kf-culler's own code
-  (Runner: cache, probes, decide, plan, writer).
+  (Passes: cache, probes, decide, plan, writer).
 
 Played by the tests: the notebook-controller's part (the notebook's pod and the readyReplicas it reports,
 set as the controller and a kubelet would) and the user's browser (support.webapp.WebAppClient).
@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import requests
 from need import missing
+from support.passes import Passes
 from support.target import KubeTarget
 from support.webapp import CSRF_COOKIE, Unavailable, WebApp, WebAppClient, start_webapp, virtualenv
 from test_e2e_cull import settings_for
@@ -41,7 +42,7 @@ from kf_culler.local.jupyter import JupyterServer
 from kf_culler.local.router import Router
 from kf_culler.model import LAST_ACTIVITY_ANNOTATION, STOP_ANNOTATION, Verdict
 from kf_culler.plan import EVENT_STOP, EVENT_WARN
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.timeutil import format_time
 
 pytestmark = pytest.mark.cluster
@@ -136,7 +137,7 @@ def poll(get: Callable[[], Any], until: Callable[[Any], bool], what: str, timeou
     return answer
 
 
-def wait_cache(runner: Runner, namespace: str, name: str, pred: Callable[[dict[str, Any], Any], bool],
+def wait_cache(runner: Passes, namespace: str, name: str, pred: Callable[[dict[str, Any], Any], bool],
                what: str, timeout: float = 60) -> None:
     def seen() -> bool:
         assert runner.cache is not None
@@ -165,7 +166,7 @@ def culled(kube: KubeTarget, router: Router, webapp: WebApp) -> Iterator[Culled]
         row_before = poll(lambda: client.notebook_row(ns, NAME), lambda r: r["status"]["phase"] == "ready",
                           "the web app to show the running notebook as ready")
         # Idle past 3 s: warned; past 30 s: stopped. Passes every half second in between.
-        runner = Runner(settings_for(router, ns, idleMinutes=0.5, warnMinutes=0.45), api)
+        runner = Passes(build_runner(settings_for(router, ns, idleMinutes=0.5, warnMinutes=0.45), api))
         verdicts: list[Verdict] = []
         with runner:
             deadline = time.monotonic() + 180
@@ -236,7 +237,7 @@ def test_start_from_the_web_app_is_not_stopped_again(kube: KubeTarget, router: R
     with fresh_namespace(api) as ns, idle_jupyter(router, ns, NAME) as server:
         make_running(api, ns, NAME, datetime.now(UTC) - timedelta(hours=1))
         time.sleep(3.5)  # the idle kernel passes the 3-second idle limit
-        runner = Runner(settings_for(router, ns), api)
+        runner = Passes(build_runner(settings_for(router, ns), api))
         with runner:
             first = runner.once().results[0]
             assert first.verdict.action == "stop", first.verdict.reason

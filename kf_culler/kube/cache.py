@@ -303,14 +303,22 @@ class ClusterCache:
         self.nodes = _Collection("nodes", core.list_node, self.stop_event, slim=_slim_node, optional=True)
         self.seen = Seen(now=self._now)  # the last snapshot, for the Service checks and endpoints
         self.orphans: list[Any] = []  # pods named like a session's that its stop cannot reach (`Pairing.orphans`)
+        self._started = False
+        self._starting = threading.Lock()
 
     def _all(self) -> list[_Collection]:
         """The collections a pass needs synced (Nodes are optional: see `nodes`)."""
         return [c for cs in self.collections.values() for c in cs] + self.records
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Start the watches, once (False: they were started already)."""
+        with self._starting:
+            if self._started:
+                return False
+            self._started = True
         for c in [*self._all(), self.nodes]:
             c.thread.start()
+        return True
 
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -77,6 +77,8 @@ class EventTail(Generic[R]):
                     list(pool.map(self._send_one, self.pending))
         finally:
             self.seconds = time.monotonic() - t0
+            # keep only the results to send again: a pass's memory holds this tail through the next pass
+            self.pending = [r for r in self.pending if r.write is not None and r.write.pending is not None]
             self._done.set()
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -346,7 +346,7 @@ class GpuHandoff:
     def close(self, timeout: float = 60.0) -> None:
         """Stop the culler, the watches and Jupyter; delete the namespace and wait until its pods are
         gone, so the GPU is free for whatever runs next on the cluster."""
-        if self.runner is not None and self.runner.cache is not None:
+        if self.runner is not None:
             self.runner.cache.close()
         if self.timeline is not None:
             self.timeline.close()
@@ -505,7 +505,7 @@ class GpuHandoff:
 
     def cycle(self) -> CycleResult:
         assert self.runner is not None
-        result = self.runner.once()
+        result = self.runner.once(self.results[-1].memory if self.results else None)  # after the last pass
         self.results.append(result)
         return result
 

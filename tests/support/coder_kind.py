@@ -3,7 +3,7 @@ whose provisioner runs Terraform with the coder/coder and hashicorp/kubernetes p
 cluster, through a template in the shape of Coder's upstream Kubernetes template (tests/data/coder-kubernetes/
 main.tf: a home PVC without count, a Deployment with `count = start_count`, `wait_for_rollout = false`, one
 nvidia.com/gpu). The node advertises one fake GPU (support/kind_culler.py `fake_gpu`). kf-culler runs in-process
-(`Runner.once`, `targets: [coder]`) with an Owner's API token, reading Coder's API and the kind cluster's pods.
+(`Passes.once`, `targets: [coder]`) with an Owner's API token, reading Coder's API and the kind cluster's pods.
 Used by tests/test_coder_kind.py and bench/coder_kind_handoff.py.
 
 How Terraform reaches the cluster: Coder runs in a network namespace of its own with only `lo` (its tailnet binds
@@ -46,11 +46,12 @@ from kf_culler.local.coder import (
     ensure_kubernetes_provider,
     postgres_bindir,
 )
-from kf_culler.runner import Runner
+from kf_culler.runner import build_runner
 from kf_culler.timeutil import parse_time
 from support.kind import Kind
 from support.kind_culler import condition, get, wait_for
 from support.kind_sessions import VOLUMES, prepare_volumes
+from support.passes import Passes
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "coder-kubernetes" / "main.tf"
 HOME = "/home/coder"
@@ -127,13 +128,13 @@ class CoderOnKind:
         build: dict[str, Any] = self.coder.get(f"/api/v2/workspaces/{ws['id']}")["latest_build"]
         return build
 
-    def culler(self, **policy: Any) -> Runner:
+    def culler(self, **policy: Any) -> Passes:
         settings = load_mapping({
             "targets": ["coder"],
             "coder": {"url": self.coder.url, "tokenFile": str(self.token_file), "namespace": self.namespace,
                       "timeoutSeconds": 10},
             **POLICY, **policy}, "test")
-        return Runner(settings, self.api, records_namespace=self.namespace)
+        return Passes(build_runner(settings, self.api, records_namespace=self.namespace))
 
 
 def ready(pod: dict[str, Any]) -> bool:
@@ -214,7 +215,7 @@ def start_pair(c: CoderOnKind, idle: tuple[Session, str], waiting: tuple[Session
     return a, b
 
 
-def hand_off(c: CoderOnKind, runner: Runner, idle: tuple[Session, str], waiting: tuple[Session, str],
+def hand_off(c: CoderOnKind, runner: Passes, idle: tuple[Session, str], waiting: tuple[Session, str],
              a: dict[str, Any], b: dict[str, Any], timeout: float = 300) -> Handoff:
     """Passes of the culler until it stops the idle workspace (the waiting one `starting` in each), then wait
     for the waiting workspace's pod to be Ready."""
