@@ -150,6 +150,19 @@ class CycleResult:
 
 
 @dataclass
+class Selection:
+    """What the select phase found: the sessions chosen (in the order listed), the verdicts given before any probe,
+    the gather's requests, and the sessions whose IDE is not probed — its URL untrusted (source, why) or its signal
+    carried with its listing (source, raw answer)."""
+
+    chosen: list[tuple[dict[str, Any], Selected]] = field(default_factory=list)  # (session, its selection)
+    pre: dict[SessionKey, Verdict] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    untrusted: dict[SessionKey, tuple[str, str]] = field(default_factory=dict)
+    carried: dict[SessionKey, tuple[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
 class Judged:
     """A notebook with its verdict, between deciding and writing. `held`: the actions the brakes took back
     in this pass (a re-plan after a conflict must not bring them back), and why."""
@@ -274,81 +287,19 @@ class Cycle:
         return self.owns is None or self.owns(ns)
 
     def run(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> CycleResult:
+        """One pass over the sessions `items` (each with its pod), in four phases: select (which sessions, under
+        which policy, and what to ask about each), gather (the probes and bulk queries), judge (each verdict), act
+        (the brakes, then the writes); its Events go out after the writes (kf_culler/kube/event_tail.py)."""
         t0 = time.monotonic()
         started = self.clock()
         with self.tracer.start_as_current_span("kf_culler.cycle") as span:
-            chosen: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
-            pre: dict[SessionKey, Verdict] = {}
-            selections: dict[SessionKey, Selected] = {}
-            requests: list[Request] = []
-            untrusted: dict[SessionKey, tuple[str, str]] = {}  # not probed: (source, why)
-            carried: dict[SessionKey, tuple[str, Any]] = {}  # not probed, read with the session: (source, raw)
-            for nb, pod in items:
-                if not self.in_scope(nb):
-                    continue
-                key = session_key(nb)  # (namespace, name); a Workspace's name is `Workspace/<name>`
-                try:
-                    sel = self.select(nb, pod, started)
-                    if sel is None:
-                        continue
-                    chosen.append((nb, pod))
-                    view = sel.view
-                    selections[key] = sel
-                    verdict = decide_view(view, {}, sel.policy, started)
-                except InputError as err:
-                    log.warning("skipping %s/%s: %s", *key, err)
-                    continue
-                except Exception:  # a bug must cost this notebook, not the sweep
-                    log.exception("skipping %s/%s: deciding it failed", *key)
-                    continue
-                if verdict.state in NO_PROBE_STATES:
-                    pre[key] = verdict
-                    continue
-                pod_name = ((pod or {}).get("metadata") or {}).get("name")
-                source = SERVER_SOURCES.get(view.server_type)
-                target = KINDS[view.kind]
-                reach = target.reach  # how its target's IDE is reached
-                if reach == "carried":  # its IDE signal came with its listing (Coder's): set after the gather
-                    carried[key] = (str(source), target.carried(nb))
-                    source, url, tampered = None, None, None  # never probed; the GPU is still asked
-                elif reach == "endpoint":
-                    url, tampered = self._session_url(nb, view)
-                elif reach == "workload":
-                    url, tampered = self._workload_url(nb, view, source)
-                else:
-                    url, tampered = None, self._tampered(nb, source)
-                if tampered is not None and source is not None:
-                    untrusted[key] = (str(source), tampered)
-                    source = None  # no IDE probe; the GPU is still asked
-                requests.append(Request(key[0], key[1], pod_name, source, view.gpus > 0, url))
-            span.set_attribute("kf_culler.notebooks", len(chosen))
+            selection = self._select_all(items, started)
+            span.set_attribute("kf_culler.notebooks", len(selection.chosen))
             t_gather = time.monotonic()
-            with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
-                wanted = proxied_namespaces(requests, self.settings.operations) if self.probe_auth else set()
-                auth = self.probe_auth(wanted) if wanted and self.probe_auth is not None else None
-                gathered = run_async(gather(requests, self.settings.operations, started, self.gpu,
-                                            self.rstudio, self.slow, auth)) if requests else Gathered()
-                for key, (source, why) in untrusted.items():
-                    gathered.observations.setdefault(key, {})[source] = {
-                        "error": f"not probed: {why}, so its answer could come from another host"}
-                for key, (source, raw) in carried.items():
-                    gathered.observations.setdefault(key, {})[source] = raw
-                gspan.set_attribute("kf_culler.probed", len(requests))
-                gspan.set_attribute("kf_culler.bulk_queries", gathered.bulk_queries)
+            gathered = self._gather(selection, started)
             t_apply = time.monotonic()
             now = self.clock()
-            judged: list[Judged] = []
-            for nb, _pod in chosen:
-                found = selections.get(session_key(nb))
-                if found is None:  # not a notebook at all (logged when it was read)
-                    continue
-                try:
-                    j = self._judge(nb, found, pre, gathered, now)
-                except Exception:  # isolate per notebook: one failure never stops the sweep
-                    log.exception("skipping %s/%s: deciding it failed", *found.key)
-                    continue
-                if j is not None:
-                    judged.append(j)
+            judged = self._judge_all(selection, gathered, now)
             braked = self._brake(judged, now)
             results, interrupted = self._act_all(judged, now)
             span.set_attribute("kf_culler.interrupted", interrupted)
@@ -363,6 +314,86 @@ class Cycle:
                 phases["events"] = time.monotonic() - t_end
         return CycleResult(started, now, time.monotonic() - t0, results, gathered.bulk_queries, interrupted, phases,
                            braked, events, frozenset(gathered.slow))
+
+    def _select_all(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]], started: datetime) -> Selection:
+        """Select: the sessions of this pass (in scope, chosen by a policy), the verdict of those that need no probe
+        (stopped, exempt, ...), and what to ask about the others: a request each, or why its IDE is not probed."""
+        out = Selection()
+        for nb, pod in items:
+            if not self.in_scope(nb):
+                continue
+            key = session_key(nb)  # (namespace, name); a Workspace's name is `Workspace/<name>`
+            try:
+                sel = self.select(nb, pod, started)
+                if sel is None:
+                    continue
+                out.chosen.append((nb, sel))
+                verdict = decide_view(sel.view, {}, sel.policy, started)
+            except InputError as err:
+                log.warning("skipping %s/%s: %s", *key, err)
+                continue
+            except Exception:  # a bug must cost this notebook, not the sweep
+                log.exception("skipping %s/%s: deciding it failed", *key)
+                continue
+            if verdict.state in NO_PROBE_STATES:
+                out.pre[key] = verdict
+                continue
+            out.requests.append(self._request(out, key, nb, pod, sel.view))
+        return out
+
+    def _request(self, out: Selection, key: SessionKey, nb: dict[str, Any], pod: dict[str, Any] | None,
+                 view: SessionView) -> Request:
+        """What the gather asks about one session: its IDE's source and URL by how its target is reached (none when
+        the URL cannot be trusted, recorded in `out.untrusted`, or when its signal came with its listing, recorded
+        in `out.carried`), and its GPU when it has one."""
+        pod_name = ((pod or {}).get("metadata") or {}).get("name")
+        source = SERVER_SOURCES.get(view.server_type)
+        target = KINDS[view.kind]
+        reach = target.reach  # how its target's IDE is reached
+        if reach == "carried":  # its IDE signal came with its listing (Coder's): set after the gather
+            out.carried[key] = (str(source), target.carried(nb))
+            source, url, tampered = None, None, None  # never probed; the GPU is still asked
+        elif reach == "endpoint":
+            url, tampered = self._session_url(nb, view)
+        elif reach == "workload":
+            url, tampered = self._workload_url(nb, view, source)
+        else:
+            url, tampered = None, self._tampered(nb, source)
+        if tampered is not None and source is not None:
+            out.untrusted[key] = (str(source), tampered)
+            source = None  # no IDE probe; the GPU is still asked
+        return Request(key[0], key[1], pod_name, source, view.gpus > 0, url)
+
+    def _gather(self, selection: Selection, started: datetime) -> Gathered:
+        """Gather: every request at once (kf_culler/gather.py), then what was known without a probe — an untrusted
+        URL's reason, a carried signal — set as those sessions' observations."""
+        with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
+            requests = selection.requests
+            wanted = proxied_namespaces(requests, self.settings.operations) if self.probe_auth else set()
+            auth = self.probe_auth(wanted) if wanted and self.probe_auth is not None else None
+            gathered = run_async(gather(requests, self.settings.operations, started, self.gpu,
+                                        self.rstudio, self.slow, auth)) if requests else Gathered()
+            for key, (source, why) in selection.untrusted.items():
+                gathered.observations.setdefault(key, {})[source] = {
+                    "error": f"not probed: {why}, so its answer could come from another host"}
+            for key, (source, raw) in selection.carried.items():
+                gathered.observations.setdefault(key, {})[source] = raw
+            gspan.set_attribute("kf_culler.probed", len(requests))
+            gspan.set_attribute("kf_culler.bulk_queries", gathered.bulk_queries)
+        return gathered
+
+    def _judge_all(self, selection: Selection, gathered: Gathered, now: datetime) -> list[Judged]:
+        """Judge: each chosen session's verdict, from what the gather found or its pre-probe verdict."""
+        judged: list[Judged] = []
+        for nb, sel in selection.chosen:
+            try:
+                j = self._judge(nb, sel, selection.pre, gathered, now)
+            except Exception:  # isolate per notebook: one failure never stops the sweep
+                log.exception("skipping %s/%s: deciding it failed", *sel.key)
+                continue
+            if j is not None:
+                judged.append(j)
+        return judged
 
     def _judge(self, nb: dict[str, Any], sel: Selected, pre: dict[SessionKey, Verdict], gathered: Gathered,
                now: datetime) -> Judged | None:
