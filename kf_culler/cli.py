@@ -171,7 +171,7 @@ def _compared(runner: Runner, other: Settings, path: str, fmt: str, warnings: li
     from kf_culler import compare_verdicts
 
     result = runner.once()
-    rows = compare_verdicts.compare(result, result.items, runner.build_cycle(), other)
+    rows = compare_verdicts.compare(result, result.items, runner.build_cycle(), other, runner.namespace_labels)
     return compare_verdicts.render(rows, result, fmt, path,
                                    [*warnings, *compare_verdicts.warnings_for(runner.settings, other, path)])
 

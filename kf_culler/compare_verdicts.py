@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +49,14 @@ def _step(v: Verdict) -> tuple[object, ...]:
 
 
 def compare(result: CycleResult, items: Sequence[tuple[dict[str, Any], dict[str, Any] | None]], cycle: Cycle,
-            other: Settings) -> list[Compared]:
-    """Each notebook of the pass (`result`, run by `cycle` over `items`) with the verdict `other` gives it."""
+            other: Settings, namespace_labels: Callable[[str], Mapping[str, str] | None] | None = None
+            ) -> list[Compared]:
+    """Each notebook of the pass (`result`, run by `cycle` over `items`) with the verdict `other` gives it.
+    `namespace_labels`: the namespaces' labels, for `other`'s rules that select by them (the running pass's cycle
+    reads none when its own rules do not)."""
     by_key = {session_key(nb): (nb, pod) for nb, pod in items}
-    theirs = dataclasses.replace(cycle, settings=other)
+    theirs = dataclasses.replace(cycle, settings=other,
+                                 namespace_labels=namespace_labels if other.needs_namespace_labels else None)
     out = []
     for r in result.results:
         found = by_key.get(SessionKey(r.namespace, r.name))

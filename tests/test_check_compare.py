@@ -87,6 +87,21 @@ def test_the_other_verdict_is_decide_with_the_other_policy() -> None:
     assert team_b.other.policy_rule == "namespaceOverrides.team-b"
 
 
+def test_the_other_configurations_namespace_rules_read_the_namespaces_labels() -> None:
+    """The running configuration reads no namespace labels; the other one's rule selects by them: the pass's
+    cycle has no labels to give, so the comparison is given the runner's."""
+    docs = _docs()
+    result, items, cycle = _pass(docs, CURRENT)
+    assert cycle.namespace_labels is None
+    other = load_mapping({**CURRENT, "rules": [
+        {"name": "research", "match": {"namespaceSelector": {"matchLabels": {"tier": "research"}}},
+         "policy": {"idleMinutes": 600}}]}, "other")
+    labels = {"team-a": {"tier": "research"}, "team-b": {"tier": "course"}}
+    rows = compare(result, items, cycle, other, labels.get)
+    assert {(r.result.namespace, r.other.policy_rule) for r in rows if r.other is not None} == {
+        ("team-a", "research"), ("team-b", "default")}
+
+
 def test_the_table_and_json_show_both_verdicts() -> None:
     result, items, cycle = _pass(_docs(), CURRENT)
     rows = compare(result, items, cycle, load_mapping(OTHER, "other"))
