@@ -259,6 +259,10 @@ def _merged(asks: list[Watched]) -> tuple[Watched, Slimmer]:
     return first, slim
 
 
+# How long `ClusterCache.close` waits for its watch threads to end.
+CLOSE_SECONDS = 5.0
+
+
 class ClusterCache:
     """What the configured targets watch, cluster-wide or for a fixed list of namespaces, and the culler's
     own record and the Nodes."""
@@ -328,12 +332,18 @@ class ClusterCache:
     def synced(self) -> bool:
         return all(c.synced.is_set() for c in self._all())
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_SECONDS) -> None:
         """Stop watching: the watch threads end and their connections close now, not at their timeout
-        (an API server shutting down waits for open watches)."""
+        (an API server shutting down waits for open watches). Waits up to `timeout` for the threads to end: a
+        command that exits right after must not leave one inside a TLS read while the interpreter shuts down
+        (that aborted `kf-culler check` now and then, exit -6)."""
         self.stop_event.set()
         for c in [*self._all(), self.nodes]:
             c.interrupt()
+        deadline = time.monotonic() + timeout
+        for c in [*self._all(), self.nodes]:
+            if c.thread.is_alive():
+                c.thread.join(max(0.0, deadline - time.monotonic()))
 
     def objects(self, name: str) -> dict[Key, dict[str, Any]]:
         """A collection as the cache holds it now, every namespace's together."""
