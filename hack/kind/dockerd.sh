@@ -3,7 +3,7 @@
 # never the system's (/var/lib/docker, /var/run/docker.sock), so it collides with nothing.
 #
 #   hack/kind/dockerd.sh start   start it unless it already answers; prints DOCKER_HOST=unix://... last
-#   hack/kind/dockerd.sh stop    stop it (SIGTERM to the pid it recorded, then wait)
+#   hack/kind/dockerd.sh stop    stop it (its unused networks removed, SIGTERM to the pid it recorded, then wait)
 #   hack/kind/dockerd.sh env     print DOCKER_HOST=unix://...
 #
 # How it runs (each one needed on this machine):
@@ -61,6 +61,9 @@ start() {
 stop() {
   local pid; pid=$(cat "$DIR/dockerd.pid" 2>/dev/null || true)
   [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || { log "not running"; return; }
+  # The networks no container uses any more (kind's, once its clusters are deleted): dockerd leaves their `br-*`
+  # bridges on the machine when it exits, so they go first.
+  answers && docker network prune --force >/dev/null 2>&1 || true
   kill -TERM "$pid"
   local i; for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
   kill -0 "$pid" 2>/dev/null && die "dockerd ($pid) did not stop"
