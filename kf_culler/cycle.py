@@ -142,7 +142,7 @@ class CycleResult:
     items: list[tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
     gpu_orphans: list[Orphan] = field(default_factory=list)
     gpu_contested: list[tuple[str, str, str]] = field(default_factory=list)
-    memory: Memory = field(default_factory=lambda: Memory())
+    memory: Memory = field(default_factory=Memory)
 
     def wait_events(self, timeout: float | None = None) -> bool:
         """Wait until the pass's Events are sent (each result's `write.event` then says how it went)."""

@@ -241,7 +241,8 @@ class Runner:
         return self.cache
 
     def close(self) -> None:
-        """Stop watching (the cache's threads end on their own)."""
+        """Stop watching, for good (a closed cache does not start again); waits a few seconds for the cache's
+        threads to end (kf_culler/kube/cache.py `ClusterCache.close`)."""
         self.cache.close()
 
     def __enter__(self) -> Runner:
