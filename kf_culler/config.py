@@ -139,6 +139,9 @@ class ProbeSettings(_Model):
     max_json_depth: int = Field(default=20, alias="maxJsonDepth", ge=2, le=100)
     max_json_values: int = Field(default=50_000, alias="maxJsonValues", ge=100, le=10_000_000)
     max_list_items: int = Field(default=1_000, alias="maxListItems", ge=10, le=1_000_000)
+    # Connect to the ClusterIP the watch cache holds for a probed Service instead of looking its name up in DNS
+    # (a lookup per notebook per pass, and CoreDNS's load); the request still names the Service (Host header).
+    service_cluster_ip: bool = Field(default=True, alias="serviceClusterIP")
     auth_proxy: AuthProxySettings = Field(default_factory=AuthProxySettings, alias="authProxy")
 
 

@@ -20,7 +20,16 @@ from opentelemetry import trace
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes
 from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
-from kf_culler.gather import DNS_LABEL, Gathered, Request, gather, proxied_namespaces, template_for, url_for
+from kf_culler.gather import (
+    DNS_LABEL,
+    Gathered,
+    Request,
+    gather,
+    proxied_namespaces,
+    service_host,
+    template_for,
+    url_for,
+)
 from kf_culler.kube.event_tail import EventTail
 from kf_culler.kube.prober import ProxyAuth
 from kf_culler.kube.records import RecordStore
@@ -223,6 +232,9 @@ class Cycle:
     # Why a notebook's Service cannot be trusted to reach its own pod (kf_culler/targets/pairing.py), when the
     # probe URL goes through the Service; None: not checked.
     service_problem: Callable[[dict[str, Any]], str | None] | None = None
+    # (name, ClusterIP) of the Service a session's IDE is probed through, once it passed its checks
+    # (`Target.service_address`): the probes connect there instead of looking the name up (`probe.serviceClusterIP`).
+    service_address: Callable[[dict[str, Any]], tuple[str, str] | None] | None = None
     # What the culler confirmed keeps its probes out of a namespace (rule 16's accessProblem), or None.
     access_problem: Callable[[str], str | None] | None = None
     # The Node of a name (its GPU model label, rule 17), when the culler reads Nodes; None: it does not.
@@ -362,7 +374,20 @@ class Cycle:
         if tampered is not None and source is not None:
             out.untrusted[key] = (str(source), tampered)
             source = None  # no IDE probe; the GPU is still asked
-        return Request(key[0], key[1], pod_name, source, view.gpus > 0, url)
+        return Request(key[0], key[1], pod_name, source, view.gpus > 0, url,
+                       self._address(nb, view) if source is not None and reach != "carried" else None)
+
+    def _address(self, nb: dict[str, Any], view: SessionView) -> tuple[str, str] | None:
+        """(the Service's DNS name, its ClusterIP) of a session probed through its Service, for the gather to connect
+        to the address the cache holds instead of looking the name up; the probe URL still decides whether it goes
+        there (only a URL naming exactly that host is sent to the address). None: looked up in DNS as usual."""
+        if self.service_address is None or not self.settings.operations.probe.service_cluster_ip:
+            return None
+        found = self.service_address(nb)
+        if found is None:
+            return None
+        service, ip = found
+        return service_host(service, str(view.namespace), self.settings.operations.cluster_domain), ip
 
     def _gather(self, selection: Selection, started: datetime) -> Gathered:
         """Gather: every request at once (kf_culler/gather.py), then what was known without a probe — an untrusted

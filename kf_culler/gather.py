@@ -39,6 +39,9 @@ class Request:
     # The IDE's base URL when the session's target gives it (a Workspace: its own Service's port and path,
     # kf_culler/targets/), built from objects the user cannot point elsewhere; None: the `urls` template.
     url: str | None = None
+    # (the DNS name of the Service it is probed through, that Service's ClusterIP from the watch cache): a probe
+    # URL naming that host connects to the address instead of looking the name up (`probe.serviceClusterIP`).
+    address: tuple[str, str] | None = None
 
 
 SLOW_SECONDS = 1.0  # a notebook whose probes took longer gets a worker of the slow set next pass
@@ -56,6 +59,11 @@ def split_slow(requests: Sequence[Request], slow: Set[Key]) -> tuple[list[Reques
     """(requests of notebooks that were slow last pass, the others), each in its own order."""
     first = [r for r in requests if (r.namespace, r.name) in slow]
     return first, [r for r in requests if (r.namespace, r.name) not in slow]
+
+
+def service_host(service: str, namespace: str, cluster_domain: str) -> str:
+    """A Service's DNS name, as cluster DNS answers it and as the default URL templates spell it."""
+    return f"{service}.{namespace}.svc.{cluster_domain}"
 
 
 def url_for(template: str, namespace: str, name: str, cluster_domain: str) -> str | None:
@@ -154,7 +162,8 @@ async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
     namespace, this pass's prober token and TLS context when `probe.authProxy` is on (a namespace without one:
     its probes report why not)."""
     out = Gathered()
-    fetcher = Fetcher.open(ops.probe, ops.concurrency)
+    fetcher = Fetcher.open(ops.probe, ops.concurrency,
+                           addresses=dict(r.address for r in requests if r.address is not None))
     by_namespace: dict[str, Fetcher | str] = {}
     if ops.probe.auth_proxy.enabled:
         for ns in proxied_namespaces(requests, ops):

@@ -174,6 +174,7 @@ class Runner:
             records=self.records,
             nodes=cache.node if cache.reads_nodes else None,
             service_problem=cache.service_problem,
+            service_address=cache.service_address,
             endpoint=cache.endpoint if cache.endpoints else None,
             probe_auth=self.prober.get if self.settings.operations.probe.auth_proxy.enabled else None,
             access_problem=self.policies.access_problem if self.policies.enabled else None,

@@ -15,8 +15,8 @@ static bridge CNI does not enforce NetworkPolicies, so nothing here shows them h
 
 The configuration is the shipped base/config.yaml with shorter times (idle after 2 minutes, warned a minute
 before, no start-up grace, a pass every 5 s) so that a stop happens within the test. The culler probes each
-notebook at the shipped `urls.jupyter` template, i.e. through the Service the notebook-controller made, by its
-cluster DNS name.
+notebook at the shipped `urls.jupyter` template, i.e. through the Service the notebook-controller made, at its
+ClusterIP (`probe.serviceClusterIP`).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def test_idle_notebook_warned_then_stopped_busy_kept_restart_honoured_across_a_l
     for name in ("nb-idle", "nb-busy"):
         wait_for(f"pod {name}-0 Ready", lambda n=name: ready(pod(kind, ns, f"{n}-0")), 300)
         service = get(kind, "service", "-n", ns, name)
-        assert service and service["spec"]["ports"][0]["port"] == 80  # the notebook-controller's, probed by DNS
+        assert service and service["spec"]["ports"][0]["port"] == 80  # the controller's, probed at its ClusterIP
     prefix = {name: f"/notebook/{ns}/{name}" for name in ("nb-idle", "nb-busy")}
 
     def kernel(name: str, code: str = "") -> str | None:

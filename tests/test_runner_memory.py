@@ -52,6 +52,9 @@ class _Cache:
     def service_problem(self, nb: dict[str, Any]) -> str | None:
         return None
 
+    def service_address(self, nb: dict[str, Any]) -> tuple[str, str] | None:
+        return None
+
     def objects(self, name: str) -> dict[Any, Any]:
         return {}
 

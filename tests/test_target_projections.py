@@ -163,7 +163,7 @@ def seen_of(targets: list[Any], project: bool) -> Seen:
 def readings(targets: list[Any], project: bool) -> dict[str, Any]:
     seen = seen_of(targets, project)
     out: dict[str, Any] = {"pairs": [], "orphans": [], "services": {}, "endpoints": {}, "tampered": {},
-                           "stopped": {}, "controls": {}}
+                           "stopped": {}, "controls": {}, "addresses": {}}
     for t in targets:
         paired = t.pair(seen)
         seen.paired += paired.items
@@ -172,6 +172,7 @@ def readings(targets: list[Any], project: bool) -> dict[str, Any]:
             key = str(session_key(session))
             out["pairs"].append((key, None if found is None else found["metadata"]["name"]))
             out["services"][key] = t.service_problem(session, seen)
+            out["addresses"][key] = t.service_address(session, seen)
             out["endpoints"][key] = t.endpoint(session, seen)
             out["tampered"][key] = t.tampered(session)
             out["stopped"][key] = t.is_stopped(session)
@@ -197,6 +198,10 @@ def test_the_fleet_covers_what_pairing_decides() -> None:
     assert pairs["team/nb"] == "nb-0" and pairs["team/orphaned"] is None and pairs["team/stopped"] is None
     assert [o[1] for o in out["orphans"]] == ["orphaned"]
     assert out["services"]["team/nb"] is None and "ExternalName" in str(out["services"]["team/badsvc"])
+    assert out["addresses"]["team/nb"] == ("nb", "10.96.0.9") and out["addresses"]["team/badsvc"] is None
+    assert out["addresses"]["team/Workspace/ws1"] == ("ws-ws1-svc", "10.96.0.9")
+    assert out["addresses"]["team/Deployment/dep"] == ("dep", "10.96.0.9")
+    assert out["addresses"]["team/StatefulSet/wl"] is None  # its Service does not select its pods
     assert pairs["team/Workspace/ws1"] == "ws-ws1-abcde-0" and out["endpoints"]["team/Workspace/ws1"][1] == 8888
     assert out["tampered"]["team/Workspace/ws2"] is not None
     assert pairs["team/Deployment/dep"] == "dep-5f-xyz" and out["services"]["team/Deployment/dep"] is None
@@ -206,10 +211,10 @@ def test_the_fleet_covers_what_pairing_decides() -> None:
 
 
 def test_what_is_kept_is_small() -> None:
-    """The StatefulSets are kept without their pod template (metadata only), the Services without ports or IPs,
-    every object without managedFields."""
+    """The StatefulSets are kept without their pod template (metadata only), the Services without ports and with
+    one IP (the ClusterIP the probes connect to), every object without managedFields."""
     seen = seen_of([t for name, t in TARGETS.items() if name in ("notebooks", "workspaces")], project=True)
     sts = seen["statefulsets"][(NS, "nb")]
     assert set(sts) == {"metadata"} and "managedFields" not in sts["metadata"]
-    assert set(seen["services"][(NS, "nb")]["spec"]) == {"type", "selector"}
+    assert set(seen["services"][(NS, "nb")]["spec"]) == {"type", "selector", "clusterIP"}
     assert all("managedFields" not in o["metadata"] for c in seen.collections.values() for o in c.values())

@@ -387,6 +387,11 @@ class ClusterCache:
         (`Target.service_problem`: the Service as the cache has it now)."""
         return target_of(session).service_problem(session, self.seen)
 
+    def service_address(self, session: dict[str, Any]) -> tuple[str, str] | None:
+        """(name, ClusterIP) of the Service a session's IDE is probed through, once it passed its checks
+        (`Target.service_address`: the Service as the cache has it now), or None."""
+        return target_of(session).service_address(session, self.seen)
+
     def node(self, name: object) -> dict[str, Any] | None:
         """The cached Node (its GPU model label), or None when unknown or Nodes cannot be read."""
         if not isinstance(name, str) or not name:

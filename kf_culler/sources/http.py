@@ -23,6 +23,7 @@ import json
 import ssl
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -264,21 +265,27 @@ class Fetcher:
     authorization: str | None = None
     # A sibling's (`sibling`): the fetcher whose bound on kept-alive connections it shares.
     _root: Fetcher | None = None
+    # By host name, the address to connect to instead of looking the name up (a Service's ClusterIP from the watch
+    # cache, kf_culler/gather.py); the request still names the host, and TLS still verifies that name.
+    addresses: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def open(cls, settings: ProbeSettings, concurrency: int, authorization: str | None = None,
-             tls: ssl.SSLContext | None = None) -> Fetcher:
+             tls: ssl.SSLContext | None = None, addresses: Mapping[str, str] | None = None) -> Fetcher:
         # Kept-alive connections wait here for the next request to the same server (a notebook's
         # endpoints are asked one after another on one connection). With a host per notebook few are
         # asked again, so at most `concurrency` wait, the oldest closed first; with URL templates
         # through one gateway every notebook shares them.
-        return cls(settings, idle_limit=max(1, concurrency), _tls=tls, authorization=authorization)
+        return cls(settings, idle_limit=max(1, concurrency), _tls=tls, authorization=authorization,
+                   addresses=addresses or {})
 
     def sibling(self, authorization: str, tls: ssl.SSLContext | None) -> Fetcher:
         """A fetcher that adds `authorization` to its requests, verifies servers against `tls`, and counts its
         kept-alive connections within this one's `idle_limit`; a connection is reused only by requests with the
         same Authorization (one namespace's prober token), never by this fetcher or another sibling."""
-        return Fetcher(self.settings, self.idle_limit, _tls=tls, authorization=authorization, _root=self._root or self)
+        root = self._root or self
+        return Fetcher(self.settings, self.idle_limit, _tls=tls, authorization=authorization, _root=root,
+                       addresses=root.addresses)
 
     async def close(self) -> None:
         if self._root is not None:
@@ -405,15 +412,18 @@ class Fetcher:
         tls = None
         if scheme == "https":
             tls = self._tls = self._tls or ssl.create_default_context()
+        address = self.addresses.get(host)
+        where = f"{host}:{port}" if address is None else f"{host}:{port} (ClusterIP {address})"
         try:
             async with asyncio.timeout(self.settings.connect_timeout_seconds):
-                _, conn = await loop.create_connection(lambda: _Connection(limit, head_limit, values), host, port,
+                _, conn = await loop.create_connection(lambda: _Connection(limit, head_limit, values),
+                                                       address or host, port,
                                                        ssl=tls, server_hostname=host if tls else None)
         except TimeoutError:
-            raise Transient(f"cannot connect to {host}:{port}: no answer within "
+            raise Transient(f"cannot connect to {where}: no answer within "
                             f"{self.settings.connect_timeout_seconds:g}s") from None
         except (OSError, ssl.SSLError) as err:
-            raise Transient(f"cannot connect to {host}:{port}: {err}"[:300]) from None
+            raise Transient(f"cannot connect to {where}: {err}"[:300]) from None
         return conn
 
 

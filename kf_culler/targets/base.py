@@ -152,6 +152,12 @@ class Target(ABC):
         """Why the Service its IDE is probed through cannot be trusted to reach its own pod, or None."""
         return None
 
+    def service_address(self, session: Mapping[str, Any], seen: Seen) -> tuple[str, str] | None:
+        """(the name, the ClusterIP) of the Service its IDE is probed through, once that Service passed its checks
+        (`service_problem`, `endpoint`): the probes connect to that address rather than look the name up in DNS
+        (`probe.serviceClusterIP`). None: the name is looked up."""
+        return None
+
     def endpoint(self, session: Mapping[str, Any], seen: Seen) -> tuple[str, int, str] | str:
         """(Service name, port, path) of its IDE when its controller made the endpoint (`reach` "endpoint"), or
         why it cannot be reached safely."""

@@ -130,10 +130,12 @@ def owner_fields(obj: dict[str, Any]) -> dict[str, Any]:
 
 def service_fields(obj: dict[str, Any]) -> dict[str, Any]:
     """What the Service checks read (kf_culler/targets/pairing.py `service_problem`, `workspace_service`,
-    `workload_service_problem`): identity, controller, type, selector."""
+    `workload_service_problem`): identity, controller, type, selector; and the ClusterIP the probes connect to
+    (`cluster_ip`)."""
     meta, spec = _dict(obj.get("metadata")), _dict(obj.get("spec"))
     return {"metadata": {**pick(meta, ("name", "namespace")), "ownerReferences": controller_ref(meta)},
-            "spec": {k: shared(spec[k]) if k == "type" else spec[k] for k in ("type", "selector") if k in spec}}
+            "spec": {k: shared(spec[k]) if k == "type" else spec[k] for k in ("type", "selector", "clusterIP")
+                     if k in spec}}
 
 
 def template_fields(obj: dict[str, Any], api_version: str, kind: str) -> dict[str, Any]:

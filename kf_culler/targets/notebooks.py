@@ -11,7 +11,7 @@ from typing import Any
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, STOP_ANNOTATION
 from kf_culler.targets.base import BARE_KIND, Pairing, Scope, Seen, Target, Watched, _dict
 from kf_culler.targets.fields import SERVICES, STATEFULSET_PODS, STATEFULSETS_METADATA, template_fields
-from kf_culler.targets.pairing import pair, service_problem
+from kf_culler.targets.pairing import cluster_ip, pair, service_problem
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,13 @@ class NotebookTarget(Target):
     def service_problem(self, session: Mapping[str, Any], seen: Seen) -> str | None:
         meta = _dict(session.get("metadata"))
         return service_problem(session, seen.now("services", (str(meta.get("namespace")), str(meta.get("name")))))
+
+    def service_address(self, session: Mapping[str, Any], seen: Seen) -> tuple[str, str] | None:
+        meta = _dict(session.get("metadata"))
+        name = str(meta.get("name"))
+        service = seen.now("services", (str(meta.get("namespace")), name))
+        ip = cluster_ip(service) if service_problem(session, service) is None else None
+        return (name, ip) if ip is not None else None
 
 
 NOTEBOOKS = NotebookTarget("notebooks", BARE_KIND, "kubeflow.org", "v1", "notebooks", route="notebooks", rbac=None,

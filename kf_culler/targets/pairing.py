@@ -18,6 +18,7 @@ is reported (`Orphan`). Pure: over the cached objects.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import math
 import re
 from collections.abc import Mapping
@@ -111,6 +112,19 @@ def pair(notebooks: Mapping[Key, dict[str, Any]], statefulsets: Mapping[Key, dic
             out.append((nb, None))
             orphans.append(Orphan(ns, name, pod, why))
     return out, orphans
+
+
+def cluster_ip(service: Mapping[str, Any] | None) -> str | None:
+    """The Service's ClusterIP: the address its DNS name `<name>.<namespace>.svc.<domain>` resolves to, or None
+    (no Service, a headless one, none allocated yet). The API server allocates it and never changes it."""
+    spec = (service or {}).get("spec")
+    found = spec.get("clusterIP") if isinstance(spec, Mapping) else None
+    if not isinstance(found, str) or not found or found == "None":
+        return None
+    try:
+        return str(ipaddress.ip_address(found))
+    except ValueError:
+        return None
 
 
 def service_problem(notebook: Mapping[str, Any], service: Mapping[str, Any] | None) -> str | None:

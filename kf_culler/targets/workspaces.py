@@ -32,6 +32,7 @@ from kf_culler.targets.fields import (
     pick,
     shared,
 )
+from kf_culler.targets.pairing import cluster_ip
 
 Key = tuple[str, str]
 WORKSPACE_NAME_LABEL = "notebooks.kubeflow.org/workspace-name"
@@ -99,6 +100,13 @@ class WorkspaceTarget(Target):
         path = "/" if at_root else CONNECT_PREFIX.format(namespace=meta.get("namespace"), name=meta.get("name"),
                                                          port_id=port_id)
         return str(_dict(svc.get("metadata")).get("name")), number, path
+
+    def service_address(self, session: Mapping[str, Any], seen: Seen) -> tuple[str, str] | None:
+        found = self.endpoint(session, seen)
+        if isinstance(found, str):
+            return None
+        ip = cluster_ip(seen.now("services", (str(_dict(session.get("metadata")).get("namespace")), found[0])))
+        return (found[0], ip) if ip is not None else None
 
     def reclaim(self, pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
         """Its pod's StatefulSet (reached by ownership: pod -> StatefulSet by uid -> Workspace by uid): with
