@@ -485,7 +485,8 @@ class Cycle:
         request (SIGTERM) ends the pass between notebooks, and takes back the records stored ahead."""
         workers = self.settings.operations.writes_in_flight if self.writer is not None else 1
         size = max(1, workers * CHUNK_PER_WRITER)
-        changes = self._before_changes(judged, now)
+        plans = self._plan_all(judged, now)
+        changes = self._before_changes(judged, plans)
         chunks = _chunks(judged, lambda j: j.sel.key in changes, size)
         results: list[NotebookResult] = []
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="write") if workers > 1 else None
@@ -501,7 +502,7 @@ class Cycle:
                 assert upcoming is not None
                 stored = upcoming.result()
                 upcoming = store(chunks[i + 1]) if i + 1 < len(chunks) and not self.stop_flag.is_set() else None
-                found, interrupted = self._act_chunk(chunk, now, pool, stored)
+                found, interrupted = self._act_chunk(chunk, now, pool, stored, plans)
                 results += found
                 if interrupted:
                     if upcoming is not None:  # stored, never written: taken back
@@ -516,8 +517,11 @@ class Cycle:
         return results, False
 
     def _act_chunk(self, judged: list[Judged], now: datetime, pool: ThreadPoolExecutor | None,
-                   stored: dict[tuple[str, str], RecordChange]) -> tuple[list[NotebookResult], bool]:
-        """One chunk of `_act_all`, its records stored (`stored`): write, then take back what did not land."""
+                   stored: dict[tuple[str, str], RecordChange], plans: Mapping[int, Plan]
+                   ) -> tuple[list[NotebookResult], bool]:
+        """One chunk of `_act_all`, its records stored (`stored`): write, then take back what did not land. Only the
+        notebooks with something to write go to the writers' threads; the others (most of a pass: nothing to
+        write) are traced and reported on this one, while the writes are in flight."""
         interrupted = False
         context = otel_context.get_current()
         undo: list[tuple[str, str, str, CullerRecord | None]] = []
@@ -528,7 +532,7 @@ class Cycle:
             try:
                 if self.stop_flag.is_set():
                     return None
-                return self._act(j, now, stored.get(j.sel.key), undo, settled)
+                return self._act(j, now, stored.get(j.sel.key), undo, settled, plans.get(id(j)))
             except Exception:  # isolate per notebook: one failure never stops the sweep
                 log.exception("skipping %s/%s: its pass failed", *j.sel.key)
                 return None
@@ -543,7 +547,8 @@ class Cycle:
                     break
                 found.append(act(j))
         else:
-            found = list(pool.map(act, judged))
+            writes = {i: pool.submit(act, j) for i, j in enumerate(judged) if _writes(plans.get(id(j)))}
+            found = [writes[i].result() if i in writes else act(j) for i, j in enumerate(judged)]
             interrupted = self.stop_flag.is_set()
         for j in judged:
             change = stored.get(j.sel.key)
@@ -552,14 +557,25 @@ class Cycle:
         self._undo_all(undo)
         return [r for r in found if r is not None], interrupted
 
-    def _before_changes(self, judged: list[Judged], now: datetime
+    def _plan_all(self, judged: list[Judged], now: datetime) -> dict[int, Plan]:
+        """By `id` of each judged notebook, its plan without the trace id a stop's marks carry (added when it is
+        written): an empty one when the brakes hold it; none when planning it failed (its own `_act` reports why)."""
+        step = self.settings.operations.last_activity_step_minutes
+        out: dict[int, Plan] = {}
+        for j in judged:
+            try:
+                out[id(j)] = Plan({}) if j.held else plan(j.sel.view, j.verdict, now, step)
+            except Exception:
+                continue
+        return out
+
+    def _before_changes(self, judged: list[Judged], plans: Mapping[int, Plan]
                         ) -> dict[tuple[str, str], tuple[RecordChange, tuple[str, str, str, CullerRecord | None]]]:
         """Every record change of the pass that must be kept before its notebook's patch (kf_culler/record.py
         `before_patch`), with the row that stores it, by notebook. Stored per chunk (`_store_rows`): one each,
         in the writers' threads, a storm's 7,000 stop records were 7,000 patches of the same 16 ConfigMaps."""
         if self.writer is None or self.records is None or self.settings.operations.dry_run:
             return {}
-        step = self.settings.operations.last_activity_step_minutes
         wanted: dict[tuple[str, str], tuple[RecordChange, tuple[str, str, str, CullerRecord | None]]] = {}
         uids: set[str] = set()
         for j in judged:
@@ -568,9 +584,8 @@ class Cycle:
             if j.held or not isinstance(uid, str) or uid in uids or j.sel.key in wanted \
                     or not self._may_store(str(view.namespace)):
                 continue  # a notebook seen twice (a namespace listed twice) is stored the usual way
-            try:
-                planned = plan(view, j.verdict, now, step)
-            except Exception:  # this notebook's own pass reports it
+            planned = plans.get(id(j))
+            if planned is None:  # this notebook's own pass reports it
                 continue
             change = planned.record
             if change is None or not change.before_patch or planned.empty:
@@ -703,7 +718,7 @@ class Cycle:
 
     def _act(self, j: Judged, now: datetime, stored: RecordChange | None = None,
              undo: list[tuple[str, str, str, CullerRecord | None]] | None = None,
-             settled: set[tuple[str, str]] | None = None) -> NotebookResult:
+             settled: set[tuple[str, str]] | None = None, planned: Plan | None = None) -> NotebookResult:
         """Trace, plan and write one judged notebook (writes only when this culler writes). `stored`: the record
         change `_store_rows` stored for it (`_NOT_STORED`: it could not be); a stop or warning recorded but not
         written goes on `undo`, and the notebook on `settled` once that is checked."""
@@ -727,7 +742,9 @@ class Cycle:
                                     record=view.record, policy=policy, pod_uid=uid_of(pod) if pod else None)
             step = self.settings.operations.last_activity_step_minutes
             # Held or deferred by the brakes: nothing is written this pass (no mark taken back, no record).
-            result.plan = Plan({}) if j.held else plan(view, verdict, now, step, trace_id)
+            # An empty plan (`_plan_all`'s) is whole; one with writes is made again with the trace id for its marks.
+            result.plan = Plan({}) if j.held else planned if planned is not None and planned.empty \
+                else plan(view, verdict, now, step, trace_id)
             if result.plan.empty:
                 self._store_record(nb, view, result.plan.record)  # e.g. runningSince, with nothing to patch
             if self.writer is not None and not self.settings.operations.dry_run and not result.plan.empty:
@@ -805,6 +822,12 @@ def _chunks(items: list[Judged], counts: Callable[[Judged], bool], size: int) ->
     return out
 # A before-patch record change that could not be stored: its notebook is not written this pass.
 _NOT_STORED = RecordChange(CullerRecord(), before_patch=True)
+
+
+def _writes(planned: Plan | None) -> bool:
+    """Whether a notebook's `_act` may write, so it goes to a writer's thread: its plan has writes, or planning it
+    failed (its `_act` plans again and reports why)."""
+    return planned is None or not planned.empty
 
 
 def _probe_span(tracer: trace.Tracer, call: Call, source: str) -> None:
