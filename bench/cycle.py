@@ -392,8 +392,11 @@ def run_child(params_path: str) -> int:
         time.sleep(2 * manager.renew_seconds)  # the last shard settles
         shards_held = manager.held()
         log(f"replica {index}: holding shards {shards_held} of {settings.operations.shards}")
+    from kf_culler.telemetry import otlp_configured, setup_tracing
+
+    setup_tracing()  # as `run` does: its spans are recorded (their trace ids go in Events), exported when OTEL_* says
     runner = build_runner(settings, api, on_result=on_result, on_event=on_event,
-                          owns=manager.owns if manager is not None else None)
+                          owns=manager.owns if manager is not None else None, probe_spans=otlp_configured())
     cpu0, t0 = time.process_time(), time.monotonic()
     log(f"RSS before the list+watch sync {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB")
     runner.start_cache(timeout=float(params["syncTimeout"]))

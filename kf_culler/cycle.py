@@ -235,6 +235,9 @@ class Cycle:
     # (name, ClusterIP) of the Service a session's IDE is probed through, once it passed its checks
     # (`Target.service_address`): the probes connect there instead of looking the name up (`probe.serviceClusterIP`).
     service_address: Callable[[dict[str, Any]], tuple[str, str] | None] | None = None
+    # A span per probe request under its session's: off when no span leaves the process (no exporter), where they
+    # would be made for nothing; the pass's and sessions' spans are always made (their trace ids are in Events).
+    probe_spans: bool = True
     # What the culler confirmed keeps its probes out of a namespace (rule 16's accessProblem), or None.
     access_problem: Callable[[str], str | None] | None = None
     # The Node of a name (its GPU model label, rule 17), when the culler reads Nodes; None: it does not.
@@ -730,7 +733,7 @@ class Cycle:
             span.set_attributes({"k8s.namespace.name": ns, "kf_culler.session": name,
                                  "kf_culler.server_type": stype})
             source = SERVER_SOURCES.get(stype, stype)
-            for call in calls:
+            for call in calls if self.probe_spans else ():
                 _probe_span(self.tracer, call, source)
             trace_id = format(span.get_span_context().trace_id, "032x") if span.get_span_context().is_valid \
                 else None

@@ -22,7 +22,7 @@ from kf_culler.replay.recorder import TraceRecorder
 from kf_culler.rule_check import loosening_rule_warnings
 from kf_culler.runner import Runner, build_runner, gpu_history_warning
 from kf_culler.stopped import long_stopped_in
-from kf_culler.telemetry import setup_logging, setup_tracing
+from kf_culler.telemetry import otlp_configured, setup_logging, setup_tracing
 from kf_culler.timeutil import format_time
 from kf_culler.verdict_api import VerdictApi
 from kf_culler.verdicts import VerdictStore
@@ -212,7 +212,7 @@ def serve(settings: Settings, api: Any, opts: Options) -> int:
                           observe=lambda runner_of: observers(runner_of, metrics, elector, store, last),
                           on_event=metrics.observe_event, on_observed=recorder.record if recorder else None,
                           owns=owns, held_shards=shards.held if shards is not None else None, may_write=may_write,
-                          notifier=notifier)
+                          notifier=notifier, probe_spans=otlp_configured())
     runner.install_signal_handlers()
     servers: list[HealthServer | ApiServer] = []
     if opts.metrics_address:

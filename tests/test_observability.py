@@ -153,6 +153,29 @@ def test_stop_is_traced_counted_and_served(api: Any, namespace: str,
     assert any(trace_id in e.message for e in obj.events_for(api, namespace, "gpu-nb"))
 
 
+def test_probe_spans_are_made_only_when_spans_leave_the_process(api: Any, namespace: str,
+                                                               fleet: tuple[Router, Prometheus]) -> None:
+    """`run` without an exporter makes no span per probe request (nobody would ever see one: a 10,000-notebook
+    pass made 25,000 of them, docs/performance.md); the pass's and sessions' spans, whose trace ids go in Events
+    and annotations, are made all the same."""
+    router, prom = fleet
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    runner = Passes(build_runner(settings(router, prom, namespace), api, dry_run=True,
+                                 tracer=provider.get_tracer("test"), probe_spans=False))
+    try:
+        runner.start_cache(30)
+        results = runner.once().results
+    finally:
+        assert runner.cache is not None
+        runner.cache.close()
+    assert results and all(r.calls for r in results if r.name in ("gpu-nb", "cpu-nb")), "the notebooks were probed"
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert "kf_culler.probe" not in names
+    assert names.count("kf_culler.session") == len(results) and "kf_culler.cycle" in names
+
+
 class ThreadRecordingExporter(InMemorySpanExporter):
     """Wraps the real OTLP exporter: records on which thread each export ran."""
 
