@@ -11,7 +11,7 @@ from typing import Any
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, STOP_ANNOTATION
 from kf_culler.targets.base import BARE_KIND, Pairing, Scope, Seen, Target, Watched, _dict
 from kf_culler.targets.fields import SERVICES, STATEFULSET_PODS, STATEFULSETS_METADATA, template_fields
-from kf_culler.targets.pairing import cluster_ip, pair, service_problem
+from kf_culler.targets.pairing import named_service_address, pair, service_problem
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,7 @@ class NotebookTarget(Target):
         return service_problem(session, seen.now("services", (str(meta.get("namespace")), str(meta.get("name")))))
 
     def service_address(self, session: Mapping[str, Any], seen: Seen) -> tuple[str, str] | None:
-        meta = _dict(session.get("metadata"))
-        name = str(meta.get("name"))
-        service = seen.now("services", (str(meta.get("namespace")), name))
-        ip = cluster_ip(service) if service_problem(session, service) is None else None
-        return (name, ip) if ip is not None else None
+        return named_service_address(session, seen, service_problem)
 
 
 NOTEBOOKS = NotebookTarget("notebooks", BARE_KIND, "kubeflow.org", "v1", "notebooks", route="notebooks", rbac=None,

@@ -21,9 +21,11 @@ import contextlib
 import ipaddress
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from kf_culler.targets.base import Seen
 
 Key = tuple[str, str]
 
@@ -125,6 +127,19 @@ def cluster_ip(service: Mapping[str, Any] | None) -> str | None:
         return str(ipaddress.ip_address(found))
     except ValueError:
         return None
+
+
+def named_service_address(session: Mapping[str, Any], seen: Seen,
+                          problem: Callable[[Mapping[str, Any], Mapping[str, Any] | None], str | None]
+                          ) -> tuple[str, str] | None:
+    """(name, ClusterIP) of the Service named like the session, as the cache has it now, when `problem` finds
+    nothing wrong with it (`Target.service_address`); else None."""
+    meta = session.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    name = str(meta.get("name"))
+    service = seen.now("services", (str(meta.get("namespace")), name))
+    ip = cluster_ip(service) if problem(session, service) is None else None
+    return (name, ip) if ip is not None else None
 
 
 def service_problem(notebook: Mapping[str, Any], service: Mapping[str, Any] | None) -> str | None:

@@ -31,7 +31,7 @@ from kf_culler.targets.fields import (
     template_fields,
 )
 from kf_culler.targets.notebooks import NOTEBOOKS
-from kf_culler.targets.pairing import cluster_ip
+from kf_culler.targets.pairing import named_service_address
 from kf_culler.targets.workspaces import WORKSPACES
 
 # The replica count a workload had when the culler scaled it to 0 (for its user: what to scale back to).
@@ -102,11 +102,7 @@ class WorkloadTarget(Target):
             session, seen.now("services", (str(meta.get("namespace")), str(meta.get("name")))))
 
     def service_address(self, session: Mapping[str, Any], seen: Seen) -> tuple[str, str] | None:
-        meta = _dict(session.get("metadata"))
-        name = str(meta.get("name"))
-        service = seen.now("services", (str(meta.get("namespace")), name))
-        ip = cluster_ip(service) if workload_service_problem(session, service) is None else None
-        return (name, ip) if ip is not None else None
+        return named_service_address(session, seen, workload_service_problem)
 
 
 def _workload(kind: str, plural: str) -> WorkloadTarget:
