@@ -336,8 +336,11 @@ def test_the_rendered_overlay_starts_the_culler_from_the_image(image: Image, kub
 
 def _notebook_behind_its_service(api: Any, namespace: str, name: str) -> None:
     """A Notebook as Kubeflow leaves it: its pod running for an hour (past startupGraceMinutes) through the
-    ownership chain, and the Service `<name>` the notebook-controller makes (controlled by the Notebook,
-    ClusterIP, selecting its pod), which the culler checks before its default probe URL goes through it."""
+    ownership chain, and the Service `<name>` as the notebook-controller makes it (controlled by the Notebook,
+    selecting its pod), which the culler checks before its default probe URL goes through it. Headless here
+    (`clusterIP: None`): nothing on this machine routes a ClusterIP to a pod, so the culler, which connects to a
+    Service's ClusterIP when it has one (`probe.serviceClusterIP`), looks the name up instead, as cluster DNS
+    answers a headless Service's name with its pods' addresses (the kind tests probe through real ClusterIPs)."""
     from datetime import UTC, datetime, timedelta
 
     from kubernetes import client
@@ -351,8 +354,8 @@ def _notebook_behind_its_service(api: Any, namespace: str, name: str) -> None:
         "metadata": {"name": name, "ownerReferences": [{
             "apiVersion": "kubeflow.org/v1", "kind": "Notebook", "name": name, "uid": nb["metadata"]["uid"],
             "controller": True, "blockOwnerDeletion": True}]},
-        "spec": {"selector": {"statefulset": name}, "ports": [{"name": "http-notebook", "port": 80,
-                                                                "targetPort": 8888}]}})
+        "spec": {"clusterIP": "None", "selector": {"statefulset": name},
+                 "ports": [{"name": "http-notebook", "port": 80, "targetPort": 8888}]}})
 
 
 @pytest.mark.cluster
@@ -373,8 +376,8 @@ def test_check_in_the_image_judges_an_idle_and_a_busy_jupyter(image: Image, kube
     What stands in for the cluster: the Service's DNS name. The default probe URL is
     http://<name>.<namespace>.svc.cluster.local/notebook/<namespace>/<name>/ (port 80); each Jupyter listens on
     port 80 of a loopback address of its own, and the container's /etc/hosts (podman --add-host) maps the
-    Service's name to it, as the cluster's DNS and the Service would. The container shares the machine's network
-    to reach the API server on loopback."""
+    Service's name to it, as the cluster's DNS does a headless Service's (`_notebook_behind_its_service`). The
+    container shares the machine's network to reach the API server on loopback."""
     from kubernetes import utils
 
     from kf_culler.local.jupyter import JupyterServer
