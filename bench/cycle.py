@@ -22,11 +22,11 @@ kubernetes ApiClient's `call_api` and cross-checked with kube-apiserver's `apise
 Without `--netns`, the culler's URL templates point at the endpoint server's loopback port: one
 host, so connections are reused across notebooks. `--netns` (and `--kubeflow`) runs everything inside
 a network namespace made for the run (its own loopback, a
-resolv.conf of its own, dnsmasq answering every `*.svc.cluster.local` with 127.0.0.1, the Services'
-ClusterIP range routed to its loopback, the endpoint server on port 80 too): both cullers then reach each
-notebook as `<name>.<ns>.svc.cluster.local`, as in a cluster — kf-culler at its Service's ClusterIP
-(`probe.serviceClusterIP`; `--set probe.serviceClusterIP=false` looks each name up instead), Kubeflow's
-culler through DNS. After kf-culler's phase, Kubeflow's notebook-controller (ENABLE_CULLING=true,
+resolv.conf of its own, dnsmasq answering every `*.svc.cluster.local` with 127.0.0.1, the endpoint server
+on port 80 of every address, so of the Services' ClusterIPs too, which LocalCluster takes from loopback): both
+cullers then reach each notebook as `<name>.<ns>.svc.cluster.local`, as in a cluster — kf-culler at its
+Service's ClusterIP (`probe.serviceClusterIP`; `--set probe.serviceClusterIP=false` looks each name up
+instead), Kubeflow's culler through DNS. After kf-culler's phase, Kubeflow's notebook-controller (ENABLE_CULLING=true,
 IDLENESS_CHECK_PERIOD=1, CULL_IDLE_TIME large) runs on the same fleet for `--kubeflow-minutes`.
 
 Every phase is bounded in time; everything started (processes, netns, files) is removed on exit.
@@ -79,7 +79,6 @@ from fleet_server import (  # noqa: E402
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE", "DELETECOLLECTION"}
 LAST_ACTIVITY = "notebooks.kubeflow.org/last-activity"
 CHECK_TIMESTAMP = "notebooks.kubeflow.org/last_activity_check_timestamp"
-SERVICE_RANGE = "10.96.0.0/16"  # LocalCluster's --service-cluster-ip-range (kf_culler/local/cluster.py)
 RESOURCES = {"notebooks", "pods", "statefulsets", "services", "nodes", "configmaps", "events", "leases"}
 STOP_ANNOTATION = "kubeflow-resource-stopped"
 # A big stopped notebook: env vars of 900 bytes (as tests/test_pairing.py's huge notebook) up to this much
@@ -570,7 +569,8 @@ class Bench:
             procs.wait_until(lambda: _resolves("nb-00000.bench-0.svc.cluster.local"), 15, 0.2,
                              "dnsmasq to answer")
         port = procs.free_port()
-        # In the run's own network namespace, port 80 on every address: loopback and the Services' ClusterIPs.
+        # In the run's own network namespace, port 80 on every address: the Services' ClusterIPs are loopback ones
+        # (LocalCluster's Service range), where kube-proxy would lead to the pods in a cluster.
         binds = [f"127.0.0.1:{port}"] + (["0.0.0.0:80"] if netns else [])
         server = self.start("endpoints", [sys.executable, str(HERE / "fleet_server.py"), str(spec_path), *binds])
         base = f"http://127.0.0.1:{port}"
@@ -859,9 +859,6 @@ def in_netns(argv: list[str]) -> int:
     try:
         subprocess.run(["ip", "netns", "add", name], check=True)
         subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        # The Services' ClusterIPs reach this namespace's own loopback, as kube-proxy routes them to the pods in a
-        # cluster: the culler connects to them (probe.serviceClusterIP) and the endpoint server answers on them.
-        subprocess.run(["ip", "-n", name, "route", "add", "local", SERVICE_RANGE, "dev", "lo"], check=True)
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:2 attempts:2\n")
         child = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, str(Path(__file__).resolve()),

@@ -54,9 +54,9 @@ def _service(api: Any, ns: str, name: str, spec: dict[str, Any], owned: bool = T
 
 @pytest.mark.cluster
 def test_a_redirected_service_is_not_probed(api: Any, namespace: str) -> None:
-    """With the default URL templates (through the Service): the controller's Service is probed (here DNS has
-    no cluster names, so the probe fails to resolve: it was made); an ExternalName, a selector-less Service,
-    one made by hand and a missing one are not probed at all, and say why (no signal, rule 16 applies)."""
+    """With the default URL templates (through the Service): the controller's Service is probed (here nothing
+    listens at its ClusterIP, a loopback address, so the probe fails: it was made); an ExternalName, a selector-less
+    Service, one made by hand and a missing one are not probed at all, and say why (no signal, rule 16 applies)."""
     port = [{"port": 80, "targetPort": 8888}]
     started = datetime.now(UTC) - timedelta(hours=2)
     for name in ("own", "external", "no-selector", "by-hand", "missing"):
@@ -68,8 +68,7 @@ def test_a_redirected_service_is_not_probed(api: Any, namespace: str) -> None:
     _service(api, namespace, "by-hand", {"selector": {"statefulset": "by-hand"}, "ports": port}, owned=False)
     time.sleep(1)
     settings = load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600,
-                             "probe": {"timeoutSeconds": 2, "connectTimeoutSeconds": 1, "retries": 0,
-                                       "serviceClusterIP": False}}, "test")  # no kube-proxy routes ClusterIPs here
+                             "probe": {"timeoutSeconds": 2, "connectTimeoutSeconds": 1, "retries": 0}}, "test")
     with Passes(build_runner(settings, api)) as runner:
         by = {r.name: r for r in runner.once().results}
     assert by["own"].calls, "the controller's Service is probed"

@@ -10,8 +10,6 @@ the ClusterIP stands in with 127.0.0.1, under the `cluster.invalid` domain, whic
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +18,6 @@ import pytest
 from kubernetes import client
 from support.passes import Passes
 
-from kf_culler import cycle as cycle_module
 from kf_culler.config import Operations, load_mapping
 from kf_culler.gather import Request, gather, service_host
 from kf_culler.local import objects as obj
@@ -79,12 +76,11 @@ def test_cluster_ip_is_an_address_or_none(spec: dict[str, Any], ip: str | None) 
 
 
 @pytest.mark.cluster
-def test_the_pass_takes_the_address_from_the_cached_service(api: Any, namespace: str,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through the real API server and watch cache: the request for the controller's Service carries the ClusterIP
-    the API server allocated; with the setting off, none. No kube-proxy routes that address here, so the gather
-    gets the requests without it and looks the names up (cluster.invalid: none answers, nothing leaves the
-    machine); the connect to the address is proven above against a real Jupyter server."""
+def test_the_pass_probes_the_cached_services_cluster_ip(api: Any, namespace: str) -> None:
+    """Through the real API server and watch cache: LocalCluster's ClusterIPs are loopback addresses, so a real
+    Jupyter server listening on port 80 of the one the API server gave the notebook's Service stands where
+    kube-proxy would lead. With the shipped templates (port 80, the Service's name under `cluster.invalid`, which
+    no resolver answers) the pass reads the server; with the setting off it looks the name up and gets nothing."""
     started = datetime.now(UTC) - timedelta(hours=2)
     obj.create_notebook(api, namespace, obj.notebook("own"))
     obj.running_pod(api, namespace, "own", started)
@@ -95,22 +91,16 @@ def test_the_pass_takes_the_address_from_the_cached_service(api: Any, namespace:
                                                          "controller": True}]},
         "spec": {"selector": {"statefulset": "own"}, "ports": [{"port": 80, "targetPort": 8888}]}})
     ip = client.CoreV1Api(api).read_namespaced_service("own", namespace).spec.cluster_ip
-    asked: list[Request] = []
-
-    async def recorded(requests: list[Request], *args: Any, **kwargs: Any) -> Any:
-        asked.extend(requests)
-        return await gather([dataclasses.replace(r, address=None) for r in requests], *args, **kwargs)
-
-    monkeypatch.setattr(cycle_module, "gather", recorded)
-    time.sleep(1)
-    addresses = {}
-    for on in (True, False):
-        asked.clear()
-        settings = load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600, "clusterDomain": DOMAIN,
-                                 "probe": {"timeoutSeconds": 2, "connectTimeoutSeconds": 1, "retries": 0,
-                                           "serviceClusterIP": on}}, "test")
-        with Passes(build_runner(settings, api)) as runner:
-            (result,) = [r for r in runner.once().results if r.name == "own"]
-        assert result.calls, "the controller's Service is probed"
-        addresses[on] = {r.name: r.address for r in asked}
-    assert addresses == {True: {"own": (service_host("own", namespace, DOMAIN), ip)}, False: {"own": None}}
+    assert ip.startswith("127."), ip
+    answers = {}
+    with JupyterServer(namespace, "own", ip=ip, port=80, remote=True):
+        for on in (True, False):
+            settings = load_mapping({"namespaces": {"include": [namespace]}, "idleMinutes": 600,
+                                     "clusterDomain": DOMAIN,
+                                     "probe": {"timeoutSeconds": 3, "connectTimeoutSeconds": 1, "retries": 0,
+                                               "serviceClusterIP": on}}, "test")
+            with Passes(build_runner(settings, api)) as runner:
+                (result,) = [r for r in runner.once().results if r.name == "own"]
+            answers[on] = (result.observations.get("jupyter") or {}, result.verdict.state)
+    assert "error" not in answers[True][0] and answers[True][1] != "no-signal", answers[True]
+    assert "error" in answers[False][0] and answers[False][1] == "no-signal", answers[False]

@@ -249,7 +249,9 @@ class LocalCluster:
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(sa.cert),
             "--service-account-signing-key-file", str(sa.key),
-            "--service-cluster-ip-range", "10.96.0.0/16",
+            # Loopback: a Service's ClusterIP is an address of this machine's (nothing answers there unless a test or
+            # bench listens on it, as kube-proxy would lead to a pod), so a probe to one never leaves the machine.
+            "--service-cluster-ip-range", "127.96.0.0/16",
             "--api-audiences", "https://kubernetes.default.svc.cluster.local",
             "--cert-dir", str(pki / "generated"),
             "--endpoint-reconciler-type", "none",
