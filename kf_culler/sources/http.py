@@ -224,14 +224,19 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def get(self, request: bytes) -> Answer:
+    async def get(self, request: bytes, deadline: float) -> Answer:
+        """Send `request` and wait for its answer until `deadline` (the loop's clock): then TimeoutError, and the
+        connection is closed."""
         assert self.transport is not None
         self._reset()
-        self.waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.waiter = loop.create_future()
+        timer = loop.call_at(deadline, self._fail, TimeoutError())
         self.transport.write(request)
         try:
             return await self.waiter
         finally:
+            timer.cancel()
             self.waiter = None  # the answer is the caller's alone: a closed connection does not keep it
 
 
@@ -302,20 +307,23 @@ class Fetcher:
         call = Call(url=url)
         budget = self.settings.timeout_seconds
         start = time.monotonic()
+        # The budget is a deadline on the loop's clock that each wait is given (the connect, the answer): a timer
+        # per wait instead of an `asyncio.timeout` around the whole call, whose Python set-up and exit were about a
+        # seventh of a Jupyter probe's instructions (docs/performance.md).
+        deadline = asyncio.get_running_loop().time() + budget
 
         try:
-            async with asyncio.timeout(budget):
-                # Transient failures get up to `retries` more tries, 0.2 s apart, inside the same budget.
-                # (A plain loop: a retry library's per-call set-up cost a fifth of a probe's CPU.)
-                while True:
-                    call.attempts += 1
-                    try:
-                        body = await self._once(url, headers, call)
-                        break
-                    except Transient:
-                        if call.attempts > self.settings.retries or time.monotonic() - start + 0.2 >= budget:
-                            raise
-                    await asyncio.sleep(0.2)
+            # Transient failures get up to `retries` more tries, 0.2 s apart, inside the same budget.
+            # (A plain loop: a retry library's per-call set-up cost a fifth of a probe's CPU.)
+            while True:
+                call.attempts += 1
+                try:
+                    body = await self._once(url, headers, call, deadline)
+                    break
+                except Transient:
+                    if call.attempts > self.settings.retries or time.monotonic() - start + 0.2 >= budget:
+                        raise
+                await asyncio.sleep(0.2)
             result: Any = body
         except TimeoutError:
             call.error = f"timeout after {budget:g}s"
@@ -329,14 +337,14 @@ class Fetcher:
         self.calls.append(call)
         return result, call
 
-    async def _once(self, url: str, headers: dict[str, str] | None, call: Call) -> Any:
+    async def _once(self, url: str, headers: dict[str, str] | None, call: Call, deadline: float) -> Any:
         if self.authorization is not None:
             if not url.startswith("https://"):
                 raise Permanent("the prober token is sent over https only; not probed")
             headers = {**(headers or {}), "Authorization": self.authorization}
         target, request, close = _request(url, headers)
         try:
-            answer = await self._exchange(target, request, close)
+            answer = await self._exchange(target, request, close, deadline)
         except _Refused as err:
             call.status = err.status
             raise
@@ -355,17 +363,17 @@ class Fetcher:
         except (ValueError, UnicodeDecodeError, RecursionError):
             raise Permanent("the answer is not JSON") from None
 
-    async def _exchange(self, target: Target, request: bytes, close: bool) -> Answer:
+    async def _exchange(self, target: Target, request: bytes, close: bool, deadline: float) -> Answer:
         """Send one request on a kept-alive connection to target, else a new one; once more on a new
-        connection when the kept one turns out closed before answering."""
+        connection when the kept one turns out closed before answering. TimeoutError at `deadline`."""
         for reuse in (True, False):
             conn = self._take(target) if reuse else None
             fresh = conn is None
             if conn is None:
-                conn = await self._connect(target)
+                conn = await self._connect(target, deadline)
             done = False
             try:
-                answer = await conn.get(request)
+                answer = await conn.get(request, deadline)
                 done = True
             except _Stale:
                 if fresh:
@@ -405,9 +413,13 @@ class Fetcher:
             if not waiting:
                 del pool.idle[oldest]
 
-    async def _connect(self, target: Target) -> _Connection:
+    async def _connect(self, target: Target, deadline: float) -> _Connection:
+        """A new connection to target within `probe.connectTimeoutSeconds` (Transient past it), or TimeoutError when
+        the call's deadline comes first."""
         scheme, host, port = target
         loop = asyncio.get_running_loop()
+        wait = self.settings.connect_timeout_seconds
+        budget_first = deadline - loop.time() <= wait
         limit, head_limit, values = (self.settings.max_response_bytes, self.settings.max_header_bytes,
                                      self.settings.max_json_values)
         tls = None
@@ -416,13 +428,14 @@ class Fetcher:
         address = self.addresses.get(host)
         where = f"{host}:{port}" if address is None else f"{host}:{port} (ClusterIP {address})"
         try:
-            async with asyncio.timeout(self.settings.connect_timeout_seconds):
+            async with asyncio.timeout_at(deadline if budget_first else loop.time() + wait):
                 _, conn = await loop.create_connection(lambda: _Connection(limit, head_limit, values),
                                                        address or host, port,
                                                        ssl=tls, server_hostname=host if tls else None)
         except TimeoutError:
-            raise Transient(f"cannot connect to {where}: no answer within "
-                            f"{self.settings.connect_timeout_seconds:g}s") from None
+            if budget_first:
+                raise
+            raise Transient(f"cannot connect to {where}: no answer within {wait:g}s") from None
         except (OSError, ssl.SSLError) as err:
             raise Transient(f"cannot connect to {where}: {err}"[:300]) from None
         return conn
