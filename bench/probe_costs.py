@@ -5,6 +5,11 @@
 - connect: N uvloop connections to a loopback server, by a Service-like DNS name (dnsmasq answering every
   `*.svc.cluster.local`, in a network namespace made for the run) against by address — what
   `probe.serviceClusterIP` saves a notebook each pass (the CPU of both ends: the server is in this process);
+- probes: N Jupyter probes (`kf_culler/sources/jupyter.py`: api/status, api/kernels, api/terminals)
+  through the culler's own `Fetcher`, 256 at a time (`--in-flight`), against a loopback server in this
+  process that answers each GET at once with a small JSON body as jupyter_server would (no DNS, no network
+  namespace): what a notebook's three requests cost, its connection aside (every probe goes to one address,
+  so the kept-alive connections are shared, as behind one gateway);
 - spans: N sessions' spans as a pass makes them (`start_as_current_span` under the pass's span, with the
   pass's attributes), with OpenTelemetry's SDK as `run` sets it up against its no-op tracer.
 
@@ -48,6 +53,59 @@ def connections(host: str, n: int) -> float:
         cpu = time.process_time()
         await asyncio.gather(*(one() for _ in range(n)))
         spent = time.process_time() - cpu
+        server.close()
+        return spent / n * 1e6
+
+    return uvloop.run(main())
+
+
+_BODIES = {
+    b"status": b'{"started": "2026-12-03T08:00:00.000000Z", "last_activity": "2026-12-03T09:00:00.000000Z", '
+               b'"connections": 0, "kernels": 1}',
+    b"kernels": b'[{"id": "0c7e5bd5-7f2c-4b8e-9a55-4d2f3c1a9e01", "name": "python3", "last_activity": '
+                b'"2026-12-03T09:00:00.000000Z", "execution_state": "idle", "connections": 0}]',
+    b"terminals": b"[]",
+}
+
+
+def probes(n: int, in_flight: int = 256) -> float:
+    """CPU µs a Jupyter probe (its three GETs), both ends in this process, `in_flight` at a time."""
+    import uvloop
+
+    from kf_culler.config import ProbeSettings
+    from kf_culler.sources.http import Fetcher
+    from kf_culler.sources.jupyter import probe
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+            self.buffer = b""
+
+        def data_received(self, data: bytes) -> None:
+            self.buffer += data
+            while b"\r\n\r\n" in self.buffer:
+                head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+                part = head.split(b" ", 2)[1].split(b"?")[0].rpartition(b"/")[2]
+                body = _BODIES.get(part, b"{}")
+                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"  # type: ignore[attr-defined]
+                                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Server, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        fetcher = Fetcher.open(ProbeSettings(), in_flight)
+        gate = asyncio.Semaphore(in_flight)
+
+        async def one(i: int) -> None:
+            async with gate:
+                answer, _ = await probe(fetcher, f"http://127.0.0.1:{port}/notebook/ns/nb-{i}/")
+                assert "error" not in answer, answer
+
+        cpu = time.process_time()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        spent = time.process_time() - cpu
+        await fetcher.close()
         server.close()
         return spent / n * 1e6
 
@@ -105,10 +163,24 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--connections", type=int, default=3000)
     p.add_argument("--sessions", type=int, default=10000)
+    p.add_argument("--probes", type=int, default=5000)
+    p.add_argument("--in-flight", type=int, default=256, help="probes at once (1: the same instructions every run, "
+                   "for callgrind)")
+    p.add_argument("--only", choices=("connect", "probes", "spans"), help="one figure alone (probes and spans need "
+                   "no root: `valgrind --tool=callgrind python3 bench/probe_costs.py --only probes --in-flight 1`)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.inside:
         inside(a.connections)
+        return 0
+    if a.only in ("probes", "spans"):
+        if a.only == "probes":
+            print(f"probes: {probes(a.probes, a.in_flight):.0f} µs of CPU a Jupyter probe, both ends ({a.probes} "
+                  "probes)")
+        else:
+            sdk, noop = spans(True, a.sessions), spans(False, a.sessions)
+            print(f"spans: {sdk:.2f} CPU s for {a.sessions} sessions' spans with the SDK, {noop:.2f} s with the no-op "
+                  "tracer")
         return 0
     if os.geteuid() != 0 or not shutil.which("dnsmasq") or not shutil.which("unshare"):
         print("needs root, util-linux (unshare) and dnsmasq (apt-get install -y dnsmasq-base)", file=sys.stderr)
@@ -120,6 +192,10 @@ def main() -> int:
         subprocess.run(["unshare", "--mount", "--net", "sh", "-c",
                         'mount --bind "$0" /etc/resolv.conf && exec "$1" "$2" --inside --connections "$3"',
                         resolv.name, sys.executable, str(Path(__file__).resolve()), str(a.connections)], check=True)
+    if a.only == "connect":
+        return 0
+    for _ in range(3):
+        print(f"probes: {probes(a.probes):.0f} µs of CPU a Jupyter probe, both ends ({a.probes} probes)")
     sdk, noop = spans(True, a.sessions), spans(False, a.sessions)
     print(f"spans: {sdk:.2f} CPU s for {a.sessions} sessions' spans with the SDK, {noop:.2f} s with the no-op tracer")
     return 0
