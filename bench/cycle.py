@@ -303,7 +303,8 @@ class CountingApi:
 
 
 class _Traced:
-    """tracemalloc snapshots of the culler: the 30 largest allocation sites (file and line)."""
+    """tracemalloc snapshots of the culler: the 30 largest allocation sites (file and line), and the most traced
+    since the last snapshot; and for each phase of each pass, what was traced before it, at its most and after it."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
@@ -318,14 +319,46 @@ class _Traced:
             return
         import tracemalloc
 
+        peak = tracemalloc.get_traced_memory()[1]
         snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
         total = sum(s.size for s in snap.statistics("filename"))
-        lines = [f"== {label}: {total / 2**20:.1f} MiB traced, RSS {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB"]
+        lines = [f"== {label}: {total / 2**20:.1f} MiB traced (at most {peak / 2**20:.1f} since the last), "
+                 f"RSS {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB"]
         for stat in snap.statistics("lineno")[:30]:
             frame = stat.traceback[0]
             lines.append(f"{stat.size / 2**20:8.1f} MiB {stat.count:9d} blocks  {frame.filename}:{frame.lineno}")
         with open(self.path, "a") as f:
             f.write("\n".join(lines) + "\n\n")
+        del snap  # what the snapshot built is not the culler's: the next peak starts after it
+        tracemalloc.reset_peak()
+
+    def phases(self) -> None:
+        """Wrap each phase of `Cycle.run` so that it writes its traced memory: before, at its most, after."""
+        if not self.path:
+            return
+        import tracemalloc
+
+        from kf_culler.cycle import Cycle
+
+        path = self.path
+
+        def wrapped(name: str) -> Any:
+            phase = getattr(Cycle, name)
+
+            def measured(*args: Any, **kwargs: Any) -> Any:
+                tracemalloc.reset_peak()
+                before = tracemalloc.get_traced_memory()[0]
+                out = phase(*args, **kwargs)
+                after, most = tracemalloc.get_traced_memory()
+                with open(path, "a") as f:
+                    f.write(f"phase {name}: {before / 2**20:.1f} MiB traced before, {most / 2**20:.1f} at most, "
+                            f"{after / 2**20:.1f} after\n")
+                return out
+
+            return measured
+
+        for name in ("_select_all", "_gather", "_judge_all", "_brake", "_act_all"):
+            setattr(Cycle, name, wrapped(name))
 
 
 def run_child(params_path: str) -> int:
@@ -333,6 +366,7 @@ def run_child(params_path: str) -> int:
     params = json.loads(Path(params_path).read_text())
     spec = FleetSpec(**params["spec"])
     traced = _Traced(params.get("tracemalloc"))
+    traced.phases()
     import yaml
 
     from kf_culler.config import load_mapping
@@ -438,6 +472,7 @@ def run_child(params_path: str) -> int:
     profile_text = None
     start, start_wall = time.monotonic(), time.time()
     cycles.append(measured("cold"))
+    traced.snapshot("after the cold pass")
     # The crossing notebooks cross the idle limit during the steady window, from a time fixed relative to the
     # pass schedule (the cold cycle's start), whatever the cold cycle took.
     steady_seconds = float(params["steadyMinutes"]) * 60
@@ -910,8 +945,9 @@ def main() -> int:
     p.add_argument("--kubeflow-cull-idle-time", type=int, default=100000)
     p.add_argument("--notebook-controller", help="the notebook-controller binary (default: the build cache)")
     p.add_argument("--profile", help="profile one steady cycle with pyinstrument into this text file")
-    p.add_argument("--tracemalloc", help="trace allocations: the largest sites after the sync and after steady "
-                                         "cycles 1 and 3, into this text file (slows the culler)")
+    p.add_argument("--tracemalloc", help="trace allocations: the largest sites after the sync, the cold cycle and "
+                                         "steady cycles 1 and 3, and each phase's traced memory, into this text "
+                                         "file (slows the culler)")
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--culler-child", help=argparse.SUPPRESS)
