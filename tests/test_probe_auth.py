@@ -171,12 +171,9 @@ def test_each_namespace_has_its_own_prober_named_from_it() -> None:
 
 
 def test_an_account_serves_a_namespace_only_if_the_culler_made_it_for_that_namespace() -> None:
-    from kubernetes.client import V1ObjectMeta, V1ServiceAccount
-
-    def account(name: str, labels: dict[str, str] | None, serves_ns: str | None) -> Any:
+    def account(name: str, labels: dict[str, str] | None, serves_ns: str | None) -> dict[str, Any]:
         annotations = None if serves_ns is None else {SERVES_ANNOTATION: serves_ns}
-        return V1ServiceAccount(metadata=V1ObjectMeta(name=name, namespace="culler", labels=labels,
-                                                      annotations=annotations))
+        return {"metadata": {"name": name, "namespace": "culler", "labels": labels, "annotations": annotations}}
 
     mine = {COMPONENT_LABEL: PROBER_COMPONENT}
     assert serves(account("kf-culler-prober.team-a", mine, "team-a"), "kf-culler-prober", "team-a") is None

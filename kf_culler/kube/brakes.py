@@ -11,6 +11,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from kf_culler.kube import core
 from kf_culler.kube.labels import CREATED
 from kf_culler.timeutil import format_time, parse_time
 
@@ -22,12 +23,10 @@ REQUEST_TIMEOUT = (5.0, 10.0)
 
 def released_at(api_client: Any, namespace: str, now: datetime) -> datetime | None:
     """When an admin last released the hold, or None (no ConfigMap, no readable time, no access)."""
-    from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     try:
-        cm = client.CoreV1Api(api_client).read_namespaced_config_map(NAME, namespace,
-                                                                       _request_timeout=REQUEST_TIMEOUT)
+        cm = core.read_config_map(api_client, namespace, NAME, timeout=REQUEST_TIMEOUT)
     except ApiException as err:
         if err.status != 404:
             log.warning("brakes: cannot read ConfigMap %s/%s: HTTP %s", namespace, NAME, err.status)
@@ -35,23 +34,21 @@ def released_at(api_client: Any, namespace: str, now: datetime) -> datetime | No
     except Exception as err:  # the API server unreachable: no release seen this pass
         log.warning("brakes: cannot read ConfigMap %s/%s: %s", namespace, NAME, type(err).__name__)
         return None
-    found = parse_time((cm.data or {}).get(KEY))
+    found = parse_time((cm.get("data") or {}).get(KEY))
     return min(found, now) if found is not None else None
 
 
 def release(api_client: Any, namespace: str, now: datetime) -> None:
     """Write `releasedAt: now` (creating the ConfigMap when it is missing)."""
-    from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    core = client.CoreV1Api(api_client)
     body = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": NAME, "namespace": namespace,
                          "labels": {**CREATED, "app.kubernetes.io/component": "brakes"}},
             "data": {KEY: format_time(now, micro=True)}}
     try:
-        core.patch_namespaced_config_map(NAME, namespace, {"data": body["data"]}, _request_timeout=REQUEST_TIMEOUT)
+        core.patch_config_map(api_client, namespace, NAME, {"data": body["data"]}, timeout=REQUEST_TIMEOUT)
     except ApiException as err:
         if err.status != 404:
             raise
-        core.create_namespaced_config_map(namespace, body, _request_timeout=REQUEST_TIMEOUT)
+        core.create_config_map(api_client, namespace, body, timeout=REQUEST_TIMEOUT)

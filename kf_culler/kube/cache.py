@@ -272,12 +272,9 @@ class ClusterCache:
                  workloads: Callable[[dict[str, Any]], bool] | None = None,
                  workload_kinds: tuple[str, ...] = ("Deployment", "StatefulSet"),
                  coder_namespace: str | None = None) -> None:
-        from kubernetes import client
-
         from kf_culler.kube.records import RECORDS_SELECTOR
 
         self.stop_event = threading.Event()
-        core = client.CoreV1Api(api_client)
         # The registry's order: a target pairs after the ones before it (a workload is not a session's own
         # StatefulSet).
         self.targets: tuple[Target, ...] = tuple(t for name, t in TARGETS.items() if name in targets)
@@ -300,11 +297,12 @@ class ClusterCache:
                                       for ns in where]
         # The culler's own record (kf_culler/kube/records.py): ConfigMaps in its own namespace.
         self.records: list[_Collection] = [] if records_namespace is None else [_Collection(
-            f"records/{records_namespace}", _bind(core.list_namespaced_config_map, records_namespace),
+            f"records/{records_namespace}", _lister(api_client, f"/api/v1/namespaces/{records_namespace}/configmaps"),
             self.stop_event, RECORDS_SELECTOR)]
         # Nodes for their GPU model (rule 17); optional: without the RBAC to read them, models come from the
         # notebook's template as before, and the culler says so once.
-        self.nodes = _Collection("nodes", core.list_node, self.stop_event, slim=_slim_node, optional=True)
+        self.nodes = _Collection("nodes", _lister(api_client, "/api/v1/nodes"), self.stop_event, slim=_slim_node,
+                                 optional=True)
         self.seen = Seen(now=self._now)  # the last snapshot, for the Service checks and endpoints
         self.orphans: list[Any] = []  # pods named like a session's that its stop cannot reach (`Pairing.orphans`)
         self._started = False
@@ -422,9 +420,3 @@ class ClusterCache:
         return {"lists": sum(c.lists for c in cols), "watchEvents": sum(c.watch_events for c in cols),
                 "watchErrors": sum(c.errors for c in cols)}
 
-
-def _bind(fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
-    def call(**kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return call  # no docstring: kubernetes.watch then leaves objects as plain dicts

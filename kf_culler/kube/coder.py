@@ -17,6 +17,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from kf_culler.kube import core
 from kf_culler.kube.backoff import with_backoff
 from kf_culler.kube.writer import REQUEST_TIMEOUT, Writer, WriteResult, _may_pass
 from kf_culler.model import STOP_ANNOTATION, WARNED_AT_ANNOTATION
@@ -34,11 +35,8 @@ UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 class CoderWriter(Writer):
     def __init__(self, api_client: Any, coder: CoderClient, component: str = "kf-culler",
                  instance: str | None = None) -> None:
-        from kubernetes import client
-
         super().__init__(api_client, component, instance)
         self.coder = coder
-        self.apps = client.AppsV1Api(api_client)
         self.stop_builds = 0
 
     def apply(self, notebook: dict[str, Any], first: Plan, replan: Callable[[dict[str, Any]], Plan],
@@ -108,18 +106,15 @@ class CoderWriter(Writer):
         """The Event on the workspace's Deployment (else its pod), in the admin's namespace; best effort."""
         selector = f"{WORKSPACE_ID_LABEL}={ws_id}"
         try:
-            deployments = with_backoff(lambda: self.apps.list_namespaced_deployment(
-                ns, label_selector=selector, _request_timeout=REQUEST_TIMEOUT)).items
+            deployments = with_backoff(lambda: core.list_deployments(self.api_client, ns, selector,
+                                                                     timeout=REQUEST_TIMEOUT))
             if deployments:
-                found: dict[str, Any] = self.apps.api_client.sanitize_for_serialization(
-                    min(deployments, key=lambda d: str(d.metadata.name)))
+                found = min(deployments, key=_name)
                 found.update({"apiVersion": "apps/v1", "kind": "Deployment"})
                 return self.event(found, spec, now)
-            pods = with_backoff(lambda: self.core.list_namespaced_pod(
-                ns, label_selector=selector, _request_timeout=REQUEST_TIMEOUT)).items
+            pods = with_backoff(lambda: core.list_pods(self.api_client, ns, selector, timeout=REQUEST_TIMEOUT))
             if pods:
-                pod = self.core.api_client.sanitize_for_serialization(min(pods, key=lambda p: str(p.metadata.name)))
-                return self._pod_event(ns, pod, spec, now)
+                return self._pod_event(ns, min(pods, key=_name), spec, now)
         except Exception as err:  # the RBAC to list them missing, the API server away: told in the log
             log.warning("Event for Coder workspace %s/%s failed: %s: %s", ns, name, type(err).__name__,
                         str(err)[:200])
@@ -143,9 +138,13 @@ class CoderWriter(Writer):
             "action": spec.reason,
         }
         try:
-            with_backoff(lambda: self.core.create_namespaced_event(ns, body, _request_timeout=REQUEST_TIMEOUT))
+            with_backoff(lambda: core.create_event(self.api_client, ns, body, timeout=REQUEST_TIMEOUT))
         except ApiException as err:
             return f"failed: HTTP {err.status}"
         with self._count:
             self.events += 1
         return "created"
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name"))

@@ -15,15 +15,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kf_culler.kube import core
+
 log = logging.getLogger(__name__)
 
 
 class NamespaceLabels:
     def __init__(self, api_client: Any, ttl: float = 300.0, retry: float = 30.0, timeout: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        from kubernetes import client
-
-        self.core = client.CoreV1Api(api_client)
+        self.api_client = api_client
         self.ttl, self.retry, self.timeout, self.clock = ttl, retry, timeout, clock
         # namespace -> (read at, labels, annotations)
         self._known: dict[str, tuple[float, dict[str, str], dict[str, str]]] = {}
@@ -50,9 +50,9 @@ class NamespaceLabels:
             return known
         self.reads += 1
         try:
-            obj = self.core.read_namespace(namespace, _request_timeout=self.timeout)
-            raw = obj.metadata.labels or {}
-            raw_annotations = obj.metadata.annotations or {}
+            meta = core.read_namespace(self.api_client, namespace, timeout=self.timeout).get("metadata") or {}
+            raw = meta.get("labels") or {}
+            raw_annotations = meta.get("annotations") or {}
         except Exception as err:
             self._failed[namespace] = now
             status = getattr(err, "status", None)

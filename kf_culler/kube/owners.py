@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kf_culler.kube import core
+
 log = logging.getLogger(__name__)
 NOTIFY_EMAIL_ANNOTATION = "notebook-culler.io/notify-email"
 PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL = "kubeflow.org", "v1", "profiles"
@@ -24,7 +26,7 @@ class OwnerLookup:
                  clock: Callable[[], float] = time.monotonic) -> None:
         from kubernetes import client
 
-        self.core = client.CoreV1Api(api_client)
+        self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
         self.ttl = ttl_seconds
         self.use_profile = use_profile
@@ -50,8 +52,8 @@ class OwnerLookup:
 
         self.lookups += 1
         try:
-            ns = self.core.read_namespace(namespace, _request_timeout=REQUEST_TIMEOUT)
-            override = ((ns.metadata.annotations or {}) if ns.metadata else {}).get(NOTIFY_EMAIL_ANNOTATION)
+            meta = core.read_namespace(self.api_client, namespace, timeout=REQUEST_TIMEOUT).get("metadata") or {}
+            override = (meta.get("annotations") or {}).get(NOTIFY_EMAIL_ANNOTATION)
             if override and "@" in override:
                 return str(override).strip()
         except ApiException as err:

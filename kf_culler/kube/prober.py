@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kf_culler.config import AuthProxySettings
+from kf_culler.kube import core
 from kf_culler.kube.labels import CREATED
 
 FileKey = tuple[int, int, int]
@@ -55,21 +56,22 @@ def prober_name(prefix: str, namespace: str) -> str:
     return f"{prefix}.{namespace}"
 
 
-def serves(account: Any, prefix: str, namespace: str) -> str | None:
-    """None when `account` (a ServiceAccount read from the culler's namespace) is namespace's prober as the culler
-    made it: named for namespace, labelled culler-prober, annotated with namespace; else why it may not be used."""
-    meta = account.metadata
-    name = meta.name
+def serves(account: dict[str, Any], prefix: str, namespace: str) -> str | None:
+    """None when `account` (a ServiceAccount read from the culler's namespace, as the API's JSON) is namespace's
+    prober as the culler made it: named for namespace, labelled culler-prober, annotated with namespace; else why
+    it may not be used."""
+    meta = account.get("metadata") or {}
+    name, where = meta.get("name"), meta.get("namespace")
     if name != prober_name(prefix, namespace):
-        return (f"ServiceAccount {meta.namespace}/{name} is not the prober of {namespace!r} "
+        return (f"ServiceAccount {where}/{name} is not the prober of {namespace!r} "
                 f"({prober_name(prefix, namespace)}); not bound")
-    label = (meta.labels or {}).get(COMPONENT_LABEL)
+    label = (meta.get("labels") or {}).get(COMPONENT_LABEL)
     if label != PROBER_COMPONENT:
-        return (f"ServiceAccount {meta.namespace}/{name} was not made by the culler (label {COMPONENT_LABEL}="
+        return (f"ServiceAccount {where}/{name} was not made by the culler (label {COMPONENT_LABEL}="
                 f"{label!r}, not {PROBER_COMPONENT!r}); not bound")
-    served = (meta.annotations or {}).get(SERVES_ANNOTATION)
+    served = (meta.get("annotations") or {}).get(SERVES_ANNOTATION)
     if served != namespace:
-        return (f"ServiceAccount {meta.namespace}/{name} serves namespace {served!r}, not {namespace!r} "
+        return (f"ServiceAccount {where}/{name} serves namespace {served!r}, not {namespace!r} "
                 f"(annotation {SERVES_ANNOTATION}); not bound")
     return None
 
@@ -294,24 +296,22 @@ class ProberTokens:
     def _check_account(self, namespace: str, again: bool = False) -> str | None:
         """None when namespace's prober ServiceAccount exists (made now if missing) and serves namespace, as the
         culler made it; else why not. Read once, and `again` before each RoleBinding that is to name it."""
-        from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
         if namespace in self._accounts and not again:
             return None
         self._accounts.discard(namespace)
-        core = client.CoreV1Api(self.api)
         prefix = str(self.settings.service_account)
         name = self.account(namespace)
         try:
             try:
-                found = core.read_namespaced_service_account(name, self.namespace, _request_timeout=10)
+                found = core.read_service_account(self.api, self.namespace, name, timeout=10)
             except ApiException as err:
                 if err.status != 404:
                     raise
                 body = {"apiVersion": "v1", "kind": "ServiceAccount",
                         "metadata": self._meta(name, self.namespace, namespace), "automountServiceAccountToken": False}
-                found = core.create_namespaced_service_account(self.namespace, body, _request_timeout=10)
+                found = core.create_service_account(self.api, self.namespace, body, timeout=10)
         except Exception as err:
             return f"cannot read or create ServiceAccount {self.namespace}/{name}: {_why(err)}"
         problem = serves(found, prefix, namespace)
@@ -320,20 +320,18 @@ class ProberTokens:
         return problem
 
     def _request(self, namespace: str) -> str:
-        from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
         self.requests += 1
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                 "spec": {"expirationSeconds": self.settings.expiration_seconds}}  # the API server's audience
         try:
-            out = client.CoreV1Api(self.api).create_namespaced_service_account_token(
-                self.account(namespace), self.namespace, body, _request_timeout=10)
+            out = core.create_token(self.api, self.namespace, self.account(namespace), body, timeout=10)
         except ApiException as err:
             if err.status == 404:
                 self._accounts.discard(namespace)  # deleted: made again next time
             raise
-        token = str(out.status.token or "")
+        token = str((out.get("status") or {}).get("token") or "")
         if not token:
             raise ValueError("empty token")
         return token

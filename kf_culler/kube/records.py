@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from kf_culler.kube import core
 from kf_culler.kube.backoff import with_backoff
 from kf_culler.kube.labels import CREATED
 from kf_culler.record import CullerRecord, parse_record, record_json
@@ -212,13 +213,6 @@ def room(contents: Mapping[str, Stored], values: Mapping[str, Stored | None], bu
     return evicted
 
 
-def _discard(resp: Any) -> None:
-    """Read an answer to its end and give its connection back, without decoding it: a bucket's answer is the whole
-    ConfigMap (hundreds of records), decoded into a V1ConfigMap for nothing at every patch of a storm."""
-    resp.drain_conn()
-    resp.release_conn()
-
-
 class RecordStore:
     """Reads records from the cache's watch of the buckets; writes single keys with merge patches, each patch
     making room in its bucket first (`room`). `budget` and `per_namespace` bound each bucket (tests set them
@@ -226,9 +220,7 @@ class RecordStore:
 
     def __init__(self, api_client: Any, namespace: str, budget: int = BUDGET,
                  per_namespace: int = PER_NAMESPACE) -> None:
-        from kubernetes import client
-
-        self.core = client.CoreV1Api(api_client)
+        self.api_client = api_client
         self.namespace = namespace
         self.budget, self.per_namespace = budget, per_namespace
         self.records: dict[str, Stored] = {}
@@ -413,12 +405,13 @@ class RecordStore:
     def _refresh(self, bucket: str) -> bool:
         """Read one bucket from the API server into this view (after a 422)."""
         try:
-            cm = with_backoff(lambda: self.core.read_namespaced_config_map(bucket, self.namespace,
-                                                                           _request_timeout=REQUEST_TIMEOUT))
+            cm = with_backoff(lambda: core.read_config_map(self.api_client, self.namespace, bucket,
+                                                           timeout=REQUEST_TIMEOUT))
         except Exception as err:
             return self._failed(bucket, f"{type(err).__name__}: {str(err)[:200]}")
-        fresh = read_buckets([{"data": cm.data or {}}])
-        others = read_others([{"metadata": {"name": bucket}, "data": cm.data or {}}], fresh).get(bucket, {})
+        data = cm.get("data") or {}
+        fresh = read_buckets([{"data": data}])
+        others = read_others([{"metadata": {"name": bucket}, "data": data}], fresh).get(bucket, {})
         with self._lock:
             self._others[bucket] = {**others, **(self._markers if bucket == MARKER_BUCKET else {})}
             for uid in list(self._buckets.get(bucket, {})):
@@ -434,9 +427,8 @@ class RecordStore:
         body = {"data": values}
         for _ in range(3):
             try:
-                with_backoff(lambda: _discard(self.core.patch_namespaced_config_map(
-                    bucket, self.namespace, body, _content_type="application/merge-patch+json",
-                    _request_timeout=REQUEST_TIMEOUT, _preload_content=False)))
+                with_backoff(lambda: core.patch_config_map(self.api_client, self.namespace, bucket, body,
+                                                           core.MERGE_PATCH, timeout=REQUEST_TIMEOUT))
                 with self._count:
                     self.writes += 1
                 return True
@@ -460,8 +452,8 @@ class RecordStore:
                                              "(docs/architecture.md); written by the culler only"}},
                 "data": {}}
         try:
-            with_backoff(lambda: self.core.create_namespaced_config_map(self.namespace, body,
-                                                                        _request_timeout=REQUEST_TIMEOUT))
+            with_backoff(lambda: core.create_config_map(self.api_client, self.namespace, body,
+                                                        timeout=REQUEST_TIMEOUT))
             return True
         except ApiException as err:
             if err.status == 409:  # created meanwhile (another replica)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_none
 
+from kf_culler.kube import core
 from kf_culler.kube.backoff import with_backoff
 from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
 from kf_culler.plan import EventSpec, Plan
@@ -55,8 +56,8 @@ class Writer:
     def __init__(self, api_client: Any, component: str = "kf-culler", instance: str | None = None) -> None:
         from kubernetes import client
 
+        self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
-        self.core = client.CoreV1Api(api_client)
         self.component = component
         self.instance = instance or os.environ.get("POD_NAME") or socket.gethostname()
         self.patches = 0
@@ -155,23 +156,17 @@ class Writer:
         its `scale` subresource (nothing but the replica count can change), as a JSON Patch that first tests the
         uid the pairing read, so a StatefulSet made again under that name is never touched. "scaled", "gone" (no
         such StatefulSet, or another one of that name), "not-leader", or "failed: <why>"; never raises."""
-        from kubernetes import client
         from kubernetes.client.rest import ApiException
 
         if step.kind != "StatefulSet":
             return f"failed: no next step for a {step.kind[:40]}"
         if not may_write():
             return "not-leader"
-        ops = [{"op": "test", "path": "/metadata/uid", "value": step.uid},
-               {"op": "replace", "path": "/spec/replicas", "value": 0}]
-        apps = client.AppsV1Api(self.core.api_client)
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": step.uid},
+                                     {"op": "replace", "path": "/spec/replicas", "value": 0}]
 
         def scale() -> None:
-            resp = apps.patch_namespaced_stateful_set_scale(step.name, namespace, ops,
-                                                            _content_type="application/json-patch+json",
-                                                            _request_timeout=REQUEST_TIMEOUT, _preload_content=False)
-            resp.drain_conn()  # read to its end, so that the connection goes back to the pool
-            resp.release_conn()
+            core.patch_statefulset_scale(self.api_client, namespace, step.name, ops, timeout=REQUEST_TIMEOUT)
 
         try:
             with_backoff(scale, give_up=lambda: not may_write())
@@ -275,11 +270,8 @@ class Writer:
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "action": spec.reason,
         }
 
-        def create() -> None:  # the answer is not decoded: made into a V1Event, it cost the pass CPU for nothing
-            resp = self.core.create_namespaced_event(ns, body, _request_timeout=REQUEST_TIMEOUT,
-                                                     _preload_content=False)
-            resp.drain_conn()  # read to its end, so that the connection goes back to the pool
-            resp.release_conn()
+        def create() -> None:  # the answer is not decoded (nothing reads it)
+            core.create_event(self.api_client, ns, body, timeout=REQUEST_TIMEOUT)
 
         try:
             with_backoff(create)
