@@ -361,6 +361,57 @@ class _Traced:
             setattr(Cycle, name, wrapped(name))
 
 
+def held_bytes(value: Any, counted: set[int]) -> int:
+    """The bytes `value` holds (`sys.getsizeof` of each dict, list, tuple, string and number reached from it), an
+    object reached before (in `counted`: an interned string, a shared label map) counted once, where first reached."""
+    total, stack = 0, [value]
+    while stack:
+        x = stack.pop()
+        if id(x) in counted:
+            continue
+        counted.add(id(x))
+        total += sys.getsizeof(x)
+        if type(x) is dict:
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif type(x) in (list, tuple):
+            stack.extend(x)
+    return total
+
+
+def cache_bytes(cache: Any) -> dict[str, dict[str, float]]:
+    """Each collection of the watch cache (kf_culler/kube/cache.py, every namespace's together): its objects, the
+    MiB they hold as the cache keeps them (dicts of the projected JSON, with their keys; what another collection
+    reached first is counted there), the MiB of the same objects each encoded with `marshal` (`bytes` objects, the
+    interned strings written as such), and the CPU seconds to decode every one of them once."""
+    import marshal
+
+    counted: set[int] = set()
+    out: dict[str, dict[str, float]] = {}
+    named = [*cache.collections.items(), ("records", cache.records), ("nodes", [cache.nodes])]
+    for name, collections in named:
+        objects: dict[Any, Any] = {}
+        for c in collections:
+            with c.lock:
+                objects.update(c.objects)
+        held = held_bytes(objects, counted) - sys.getsizeof(objects) + sum(
+            sys.getsizeof(c.objects) for c in collections)
+        encoded = [marshal.dumps(o) for o in objects.values()]
+        cpu0 = time.process_time()
+        for e in encoded:
+            marshal.loads(e)
+        out[name] = {"objects": len(objects), "heldMiB": held / 2**20,
+                     "marshalMiB": sum(sys.getsizeof(e) for e in encoded) / 2**20,
+                     "decodeCpuSeconds": time.process_time() - cpu0}
+    return out
+
+
+def _log_cache(label: str, sizes: dict[str, dict[str, float]]) -> None:
+    log(f"cache {label}: " + "; ".join(
+        f"{k} {v['objects']:.0f} objects {v['heldMiB']:.1f} MiB held, {v['marshalMiB']:.1f} MiB as marshal "
+        f"(decoded in {v['decodeCpuSeconds']:.2f} CPU s)" for k, v in sizes.items()))
+
+
 def run_child(params_path: str) -> int:
     """The culler as the Deployment runs it: list+watch, a cold cycle, then one cycle per check period."""
     params = json.loads(Path(params_path).read_text())
@@ -431,13 +482,18 @@ def run_child(params_path: str) -> int:
     runner = build_runner(settings, api, on_result=on_result, on_event=on_event,
                           owns=manager.owns if manager is not None else None, probe_spans=otlp_configured())
     cpu0, t0 = time.process_time(), time.monotonic()
-    log(f"RSS before the list+watch sync {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB")
+    rss_before = proc_stats(os.getpid()).get("rssMiB", 0.0)
+    log(f"RSS before the list+watch sync {rss_before:.0f} MiB")
     runner.start_cache(timeout=float(params["syncTimeout"]))
     log(f"RSS after it {proc_stats(os.getpid()).get('rssMiB', 0):.0f} MiB")
     traced.snapshot("after the list+watch sync")
     sync = {"seconds": time.monotonic() - t0, "cpuSeconds": time.process_time() - cpu0,
             "api": dict(counting.snapshot()), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0),
-            "peakRssMiB": own_peak_rss_mib()}
+            "peakRssMiB": own_peak_rss_mib(), "rssBeforeMiB": rss_before}
+    sizes: dict[str, Any] = {}
+    if params.get("cacheBytes"):  # after the sync's figures; what it holds while it measures is not the culler's
+        sizes["afterSync"] = cache_bytes(runner.cache)
+        _log_cache("after the sync", sizes["afterSync"])
 
     memory = [Memory()]  # what each pass remembers for the next
 
@@ -473,6 +529,9 @@ def run_child(params_path: str) -> int:
     start, start_wall = time.monotonic(), time.time()
     cycles.append(measured("cold"))
     traced.snapshot("after the cold pass")
+    if params.get("cacheBytes"):
+        sizes["afterColdPass"] = cache_bytes(runner.cache)
+        _log_cache("after the cold pass", sizes["afterColdPass"])
     # The crossing notebooks cross the idle limit during the steady window, from a time fixed relative to the
     # pass schedule (the cold cycle's start), whatever the cold cycle took.
     steady_seconds = float(params["steadyMinutes"]) * 60
@@ -528,7 +587,7 @@ def run_child(params_path: str) -> int:
                      "latencies": sorted(latencies.values()), "notStopped": sorted(set(cross) - set(stops)),
                      "latencyByName": {n: round(v, 3) for n, v in sorted(latencies.items())},
                      "cross0": cross0 - start_wall, "span": span},
-        "verdicts": verdicts,
+        "verdicts": verdicts, "cacheBytes": sizes,
         "peakRssMiB": own_peak_rss_mib(),
         # getrusage's figure, which earlier reports gave as the peak: at least the parent's peak (own_peak_rss_mib)
         "ruMaxrssMiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -651,7 +710,8 @@ class Bench:
         self.report["config"]["urls"] = config.get("urls", "default (Service DNS, port 80)")
         params = {"spec": asdict(spec), "config": str(self.dir / "config.yaml"), "kubeconfig": str(c.kubeconfig),
                   "steadyMinutes": a.steady_minutes, "control": f"{base}/control", "out": str(self.dir / "ours.json"),
-                  "syncTimeout": 600, "profile": a.profile, "tracemalloc": a.tracemalloc}
+                  "syncTimeout": 600, "profile": a.profile, "tracemalloc": a.tracemalloc,
+                  "cacheBytes": a.cache_bytes}
         (self.dir / "params.json").write_text(json.dumps(params))
         before = apiserver_counts(c.server, *tls)
         srv0 = _get_json(f"{base}/stats")
@@ -853,7 +913,10 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "crossingStopped": f"{ours['crossing']['stopped']}/{ours['crossing']['count']}",
         "checkPeriodSeconds": ours["checkPeriodSeconds"],
         "rssAfterSyncMiB": ours["sync"]["rssMiB"], "peakRssAfterSyncMiB": ours["sync"].get("peakRssMiB"),
+        "rssBeforeSyncMiB": ours["sync"].get("rssBeforeMiB"),
     }
+    if ours.get("cacheBytes"):
+        s["cacheBytes"] = ours["cacheBytes"]
     if report["spec"].get("hostile"):
         finals: dict[str, Counter[str]] = {}
         for v in ours.get("verdicts", {}).values():
@@ -948,6 +1011,11 @@ def main() -> int:
     p.add_argument("--tracemalloc", help="trace allocations: the largest sites after the sync, the cold cycle and "
                                          "steady cycles 1 and 3, and each phase's traced memory, into this text "
                                          "file (slows the culler)")
+    p.add_argument("--cache-bytes", action="store_true",
+                   help="after the sync and after the cold cycle, measure each cached collection: the memory "
+                        "its objects hold, the same objects encoded with marshal, and the CPU to decode them "
+                        "(measuring holds memory of its own: such a run's peak RSS is not the culler's, measure it "
+                        "in a run without)")
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--culler-child", help=argparse.SUPPRESS)
