@@ -5,7 +5,9 @@ code uses that nothing grants fails; a verb a rule grants that no code uses fail
 The inventory is static (the source's calls, not a run with an audit log): every reference to a method of the
 `kubernetes` client's API classes in kf_culler (all of it but kf_culler/local and the demos, which the image
 does not ship), mapped to (API group, resource, verb) by the HTTP method and path the client itself sends for
-that method. A static inventory sees every code path, also the ones a test run would not reach (the email
+that method; every reference to a request of kf_culler/kube/core.py (the requests sent without those classes),
+mapped by the HTTP method and path its function sends; and every collection the cache lists and watches by its
+path (`_lister`). A static inventory sees every code path, also the ones a test run would not reach (the email
 notices, Istio policies, the prober identities, the workloads' /scale...), where an audit log sees only what
 was run. Its over-approximations, each said where it is made:
   - the custom-object calls whose group and plural are not constants (kf_culler/kube/writer.py's patch and
@@ -128,6 +130,43 @@ def _custom_kinds(call_args: list[ast.expr], method: str, module: Any,
     return {(t.group, t.plural) for t in SESSION_TARGETS}
 
 
+CORE = PACKAGE / "kube" / "core.py"
+
+
+def _segments(expr: ast.expr) -> str | None:
+    """A path template from core.py's `_path(...)`: its constant segments kept, any other `{x}`."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "_path":
+        return "/" + "/".join(a.value if isinstance(a, ast.Constant) else "{x}" for a in expr.args)
+    return None
+
+
+def _fstring(expr: ast.expr) -> str | None:
+    """A path template from a string or an f-string: what is not constant becomes `{x}`."""
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return expr.value
+    if isinstance(expr, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{x}" for v in expr.values)
+    return None
+
+
+@cache
+def core_requests() -> dict[str, tuple[str, str]]:
+    """Each request function of kf_culler/kube/core.py -> the (HTTP method, path template) it sends."""
+    out: dict[str, tuple[str, str]] = {}
+    for fn in ast.parse(CORE.read_text()).body:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        sent = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                and n.func.id == "call"]
+        if not sent:
+            continue
+        assert len(sent) == 1, f"core.{fn.name}: one request each"
+        method, path = sent[0].args[1], _segments(sent[0].args[2])
+        assert isinstance(method, ast.Constant) and path is not None, f"core.{fn.name}: its request is not constant"
+        out[fn.name] = (str(method.value), path)
+    return out
+
+
 def _module(path: Path) -> Any:
     import importlib
 
@@ -186,6 +225,18 @@ def code_uses() -> dict[Triple, set[str]]:
                     found |= {(g, r, "watch") for g, r, v in found if v == "list"}
                 for t in found:
                     out.setdefault(t, set()).add(where)
+        # kf_culler/kube/core.py's requests, wherever the shipped code names one (`core.read_config_map`, ...).
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "core" \
+                    and node.attr in core_requests():
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                out.setdefault(_triple(*core_requests()[node.attr]), set()).add(where)
+            # A collection the cache lists and watches by its path (the culler's records, the Nodes).
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_lister" \
+                    and len(node.args) > 1 and (template := _fstring(node.args[1])) is not None:
+                for verb in ("list", "watch"):
+                    g, r, _ = _triple("GET", template)
+                    out.setdefault((g, r, verb), set()).add(f"{path.relative_to(ROOT)}:{node.lineno}")
     # The collections the targets ask the cache for: it lists and watches each (kf_culler/kube/cache.py `_lister`).
     scope = Scope(workload_kinds=("Deployment", "StatefulSet"), coder_namespace="coder")
     for target in ALL:
