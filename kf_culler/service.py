@@ -18,9 +18,11 @@ from kf_culler.kube.lease import LeaderElector, ShardManager
 from kf_culler.kube.tokens import TokenReviewer
 from kf_culler.kube.writer import Writer
 from kf_culler.metrics import ApiServer, HealthServer, Metrics, not_taken_keys
+from kf_culler.model import STOP_ANNOTATION
 from kf_culler.replay.recorder import TraceRecorder
 from kf_culler.rule_check import loosening_rule_warnings
 from kf_culler.runner import Runner, build_runner, gpu_history_warning
+from kf_culler.session import annotations_of
 from kf_culler.stopped import long_stopped_in
 from kf_culler.telemetry import otlp_configured, setup_logging, setup_tracing
 from kf_culler.timeutil import format_time
@@ -83,10 +85,11 @@ def observers(runner_of: Callable[[], Runner], metrics: Metrics, elector: Leader
             store.update(result)
         if elector is not None:
             metrics.leader.set(1 if elector.is_leader() else 0)
-        items = runner.cache.snapshot()
         owns = runner.owns
-        if owns is not None:  # with shards, each replica accounts for its own shards' notebooks
-            items = [(nb, pod) for nb, pod in items if owns(str((nb.get("metadata") or {}).get("namespace")))]
+        # The stopped sessions (all that the GPU-hours reclaimed and the long-stopped report read), as the cache has
+        # them after the pass (with its stops); with shards, each replica accounts for its own shards' notebooks.
+        notebooks = [nb for nb in runner.cache.sessions() if STOP_ANNOTATION in annotations_of(nb)
+                     and (owns is None or owns(str((nb.get("metadata") or {}).get("namespace"))))]
         records = runner.records
         orphaned = frozenset((o.namespace, o.notebook) for o in result.gpu_orphans)
         by_ns: dict[str, int] = {}
@@ -100,10 +103,9 @@ def observers(runner_of: Callable[[], Runner], metrics: Metrics, elector: Leader
             found = records.get(str((nb.get("metadata") or {}).get("uid")))
             return found is not None and found.stopped_at is not None
 
-        metrics.account_reclaimed(items, result.now, lambda nb: runner.policy_of(nb).gpu_resources, ours,
-                                  orphaned, not_taken_keys(result))
-        metrics.observe_long_stopped(long_stopped_in(runner.settings, (nb for nb, _ in items), result.now,
-                                                     runner.policy_of))
+        metrics.account_reclaimed([(nb, None) for nb in notebooks], result.now,
+                                  lambda nb: runner.policy_of(nb).gpu_resources, ours, orphaned, not_taken_keys(result))
+        metrics.observe_long_stopped(long_stopped_in(runner.settings, notebooks, result.now, runner.policy_of))
         if last is not None:
             last.memory = result.memory
         log.info("pass done: %d notebooks in %.2f s", len(result.results), result.seconds)

@@ -4,17 +4,21 @@ The targets (kf_culler/targets/) say which collections their sessions need (`Tar
 metadata only or not, what of each object is read) and how a session is paired with its pod (`Target.pair`);
 this module does the I/O: one thread per watched collection, in each namespace the culler reads or
 cluster-wide. A broken watch is resumed from its resourceVersion, and a 410 Gone (or any other failure) leads
-to a fresh list. Objects are kept as the target's projection of the API's JSON (kf_culler/targets/fields.py).
+to a fresh list. Objects are kept as the target's projection of the API's JSON (kf_culler/targets/fields.py),
+each encoded (`marshal`: a fifth of the memory the same dicts and strings take) and decoded when read, so that
+between passes the cache holds bytes, and a pass holds decoded only what it keeps (its sessions and their
+pods), never the StatefulSets and Services its pairing and Service checks look up one by one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import marshal
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kf_culler.config import GPU_MODEL_LABEL
@@ -59,14 +63,47 @@ def _key(obj: dict[str, Any]) -> Key:
     return (str(meta.get("namespace", "")), str(meta.get("name", "")))
 
 
+class _Decoded(Mapping[Key, dict[str, Any]]):
+    """Encoded objects (`marshal`) read as objects: each read decodes a new copy, which its reader may change and
+    which is freed when its reader drops it."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: Mapping[Key, bytes]) -> None:
+        self._raw = raw
+
+    def __getitem__(self, key: Key) -> dict[str, Any]:
+        return _decode(self._raw[key])
+
+    def get(self, key: Key, default: Any = None) -> Any:
+        raw = self._raw.get(key)
+        return default if raw is None else _decode(raw)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    obj = marshal.loads(raw)  # the strings written interned (fields.py `shared`) are interned again
+    assert isinstance(obj, dict)
+    return obj
+
+
 class _Collection:
-    """One list+watch loop feeding a dict of objects."""
+    """One list+watch loop feeding a dict of objects (`encoded`: each kept as its `marshal` bytes)."""
 
     def __init__(self, name: str, lister: Callable[..., Any], stop: threading.Event,
                  label_selector: str | None = None, watch_timeout: int = 240,
                  slim: Callable[[dict[str, Any]], dict[str, Any] | None] = _slim, optional: bool = False,
-                 metadata_only: bool = False) -> None:
+                 metadata_only: bool = False, encoded: bool = False) -> None:
         self.name = name
+        self.encoded = encoded
         self.metadata_only = metadata_only
         # optional: a collection the culler works without (Nodes, when its RBAC has none): a 403 ends it.
         self.optional = optional
@@ -76,7 +113,7 @@ class _Collection:
         self.stop = stop
         self.selector = label_selector
         self.watch_timeout = watch_timeout
-        self.objects: dict[Key, dict[str, Any]] = {}
+        self.objects: dict[Key, Any] = {}  # dicts, or their marshal bytes (`encoded`)
         self.lock = threading.Lock()
         self.synced = threading.Event()
         self.lists = 0
@@ -92,6 +129,11 @@ class _Collection:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+    def _kept(self, obj: dict[str, Any]) -> Any:
+        """What the collection keeps of an object: its slim form (`slim`), encoded when `encoded`; None: nothing."""
+        kept = self.slim(obj)
+        return None if kept is None else marshal.dumps(kept) if self.encoded else kept
 
     def _kwargs(self, accept: str = METADATA_LIST) -> dict[str, Any]:
         out: dict[str, Any] = {"label_selector": self.selector} if self.selector else {}
@@ -109,7 +151,7 @@ class _Collection:
         is free C heap that glibc keeps; it is given back at the end of the list (kf_culler/memory.py), not at
         the end of the next pass, on top of which it would otherwise count (20 stopped Notebooks of 1.4 MiB
         left 11 MiB more resident after the sync, docs/performance.md)."""
-        items: dict[Key, dict[str, Any]] = {}
+        items: dict[Key, Any] = {}
         token = ""
         while True:
             kwargs = {**self._kwargs(), "limit": LIST_PAGE, **({"_continue": token} if token else {})}
@@ -117,7 +159,7 @@ class _Collection:
             try:
                 objects, page = list_items(resp.stream(STREAM_CHUNK))
                 for o in objects:
-                    kept = self.slim(o)
+                    kept = self._kept(o)
                     if kept is not None:
                         items[_key(o)] = kept
             finally:
@@ -160,7 +202,7 @@ class _Collection:
                     if kind == "BOOKMARK":
                         continue
                     self.watch_events += 1
-                    kept = None if kind == "DELETED" else self.slim(obj)
+                    kept = None if kind == "DELETED" else self._kept(obj)
                     with self.lock:
                         if kept is None:
                             self.objects.pop(_key(obj), None)
@@ -198,12 +240,13 @@ class _Collection:
 
     def put(self, obj: dict[str, Any]) -> None:
         """Record an object the culler itself just wrote (the watch will confirm it)."""
-        kept = self.slim(obj)
+        kept = self._kept(obj)
         with self.lock:
             if kept is not None:
                 self.objects[_key(obj)] = kept
 
-    def snapshot(self) -> dict[Key, dict[str, Any]]:
+    def snapshot(self) -> dict[Key, Any]:
+        """The objects as kept (encoded when `encoded`)."""
         with self.lock:
             return dict(self.objects)
 
@@ -293,7 +336,8 @@ class ClusterCache:
                 self._sessions[w.session_kind] = name
             where: tuple[str | None, ...] = namespaces if namespaces and not w.cluster_scoped else (None,)
             self.collections[name] = [_Collection(f"{name}/{ns}" if ns else name, _lister(api_client, _path(w, ns)),
-                                                  self.stop_event, slim=slim, metadata_only=w.metadata_only)
+                                                  self.stop_event, slim=slim, metadata_only=w.metadata_only,
+                                                  encoded=True)
                                       for ns in where]
         # The culler's own record (kf_culler/kube/records.py): ConfigMaps in its own namespace.
         self.records: list[_Collection] = [] if records_namespace is None else [_Collection(
@@ -343,32 +387,47 @@ class ClusterCache:
             if c.thread.is_alive():
                 c.thread.join(max(0.0, deadline - time.monotonic()))
 
-    def objects(self, name: str) -> dict[Key, dict[str, Any]]:
-        """A collection as the cache holds it now, every namespace's together."""
-        out: dict[Key, dict[str, Any]] = {}
+    def _raw(self, name: str) -> dict[Key, bytes]:
+        """A collection's objects as kept (encoded), every namespace's together."""
+        out: dict[Key, bytes] = {}
         for c in self.collections.get(name, []):
             out.update(c.snapshot())
         return out
+
+    def objects(self, name: str) -> dict[Key, dict[str, Any]]:
+        """A collection as the cache holds it now, every namespace's together, decoded."""
+        return {k: _decode(v) for k, v in self._raw(name).items()}
 
     def _now(self, name: str, key: Key) -> dict[str, Any] | None:
         found = None
         for c in self.collections.get(name, []):
             with c.lock:
                 found = c.objects.get(key, found)
-        return found
+        return None if found is None else _decode(found)
 
     def snapshot(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
         """Every session of the configured targets with its pod (or None), each target's sorted, as the targets
-        pair them (`Target.pair`); the pods that look like a session's but that its stop cannot reach are kept in
-        `orphans` until the next snapshot."""
-        seen = Seen({name: self.objects(name) for name in self.collections}, now=self._now)
+        pair them (`Target.pair`), decoded for the caller; the pods that look like a session's but that its stop
+        cannot reach are kept in `orphans` until the next snapshot. The snapshot kept for the Service checks and
+        endpoints (`seen`) reads the collections encoded, and keeps none of the pairs it returned."""
+        self.seen = Seen(now=self._now)  # the last snapshot's indexes go before this one's are made
+        seen = Seen({name: _Decoded(self._raw(name)) for name in self.collections}, now=self._now)
         orphans: list[Any] = []
         for t in self.targets:
             paired = t.pair(seen)
             seen.paired += paired.items
             orphans += paired.orphans
+        items, seen.paired = seen.paired, []
         self.seen, self.orphans = seen, orphans
-        return list(seen.paired)
+        return items
+
+    def sessions(self) -> Iterator[dict[str, Any]]:
+        """Every object in the configured targets' own collections (their sessions, unpaired), as the cache holds
+        it now, decoded one at a time: for what reads sessions alone after a pass (metrics), without a second
+        snapshot's pairing or holding them all decoded at once."""
+        for name in dict.fromkeys(self._sessions.values()):
+            for raw in self._raw(name).values():
+                yield _decode(raw)
 
     @property
     def endpoints(self) -> bool:

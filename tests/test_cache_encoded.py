@@ -1,0 +1,63 @@
+"""The watch cache keeps the targets' collections encoded and hands out decoded copies: a snapshot's objects are
+the reader's own (changing one changes nothing the cache holds), the snapshot it keeps for the Service checks
+holds none of the pairs it returned, and what the checks and metrics read is decoded as before. On the real API
+server."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubernetes import client
+
+from kf_culler.kube.cache import ClusterCache
+from kf_culler.local import objects as obj
+from kf_culler.model import STOP_ANNOTATION
+
+
+def _service(api: Any, namespace: str, name: str, uid: str) -> None:
+    client.CoreV1Api(api).create_namespaced_service(namespace, {
+        "metadata": {"name": name, "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "Notebook",
+                                                         "name": name, "uid": uid, "controller": True}]},
+        "spec": {"selector": {"statefulset": name}, "ports": [{"port": 80, "targetPort": 8888}]}})
+
+
+def test_the_cache_keeps_bytes_and_every_reader_gets_its_own_objects(api: Any, namespace: str) -> None:
+    made = obj.create_notebook(api, namespace, obj.notebook("nb", gpus=1))
+    obj.running_pod(api, namespace, "nb", datetime.now(UTC) - timedelta(hours=1), gpus=1)
+    _service(api, namespace, "nb", made["metadata"]["uid"])
+    obj.create_notebook(api, namespace, obj.notebook("off", annotations={STOP_ANNOTATION: "2026-01-01T00:00:00Z"}))
+    cache = ClusterCache(api, (namespace,))
+    cache.start()
+    try:
+        assert cache.wait_synced(30)
+        deadline = time.monotonic() + 10
+        while len(cache.objects("services")) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for name in ("notebooks", "pods", "statefulsets", "services"):
+            kept = [o for c in cache.collections[name] for o in c.objects.values()]
+            assert kept and all(type(o) is bytes for o in kept), name
+
+        first = {n["metadata"]["name"]: (n, p) for n, p in cache.snapshot()}
+        assert cache.seen.paired == []  # the kept snapshot holds no decoded pairs
+        nb, pod = first["nb"]
+        assert pod is not None and pod["metadata"]["name"] == "nb-0" and first["off"][1] is None
+        assert nb["metadata"]["uid"] == made["metadata"]["uid"]
+        assert cache.service_problem(nb) is None  # the Service, looked up encoded, decoded for the check
+        assert cache.service_address(nb) is not None
+
+        nb["metadata"]["annotations"]["changed"] = "by the reader"
+        pod["status"]["phase"] = "Failed"
+        again = {n["metadata"]["name"]: (n, p) for n, p in cache.snapshot()}
+        assert "changed" not in again["nb"][0]["metadata"]["annotations"]
+        assert again["nb"][1] is not None and again["nb"][1]["status"]["phase"] == "Running"
+        del nb["metadata"]["annotations"]["changed"]
+        assert again["nb"][0] is not nb and again["nb"][0] == nb  # an equal copy
+
+        assert sorted(s["metadata"]["name"] for s in cache.sessions()) == ["nb", "off"]
+        written = {**again["off"][0], "metadata": {**again["off"][0]["metadata"], "annotations": {"a": "b"}}}
+        cache.record_notebook(written)  # as the culler's own patch left it
+        assert {s["metadata"]["name"]: s["metadata"]["annotations"] for s in cache.sessions()}["off"] == {"a": "b"}
+    finally:
+        cache.close()
