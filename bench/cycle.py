@@ -302,16 +302,22 @@ class CountingApi:
             return Counter(self.counts)
 
 
+SITE_FRAMES = 5  # frames kept of each allocation with --tracemalloc-sites
+SITES = 25  # sites written per phase
+
+
 class _Traced:
     """tracemalloc snapshots of the culler: the 30 largest allocation sites (file and line), and the most traced
     since the last snapshot; and for each phase of each pass, what was traced before it, at its most and after it."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, sites: bool = False) -> None:
         self.path = path
+        self.sites = sites  # each phase's growth by allocation site (slower: a snapshot before and after each)
+        self.passes = 0
         if path:
             import tracemalloc
 
-            tracemalloc.start(1)
+            tracemalloc.start(SITE_FRAMES if sites else 1)
             Path(path).write_text("")
 
     def snapshot(self, label: str) -> None:
@@ -340,19 +346,30 @@ class _Traced:
 
         from kf_culler.cycle import Cycle
 
-        path = self.path
+        path, traced = self.path, self
 
         def wrapped(name: str) -> Any:
             phase = getattr(Cycle, name)
 
             def measured(*args: Any, **kwargs: Any) -> Any:
+                first = traced.sites and traced.passes < 2 and name in ("_select_all", "_gather", "_act_all")
+                start = tracemalloc.take_snapshot() if first else None
                 tracemalloc.reset_peak()
                 before = tracemalloc.get_traced_memory()[0]
                 out = phase(*args, **kwargs)
                 after, most = tracemalloc.get_traced_memory()
+                lines = [f"phase {name}: {before / 2**20:.1f} MiB traced before, {most / 2**20:.1f} at most, "
+                         f"{after / 2**20:.1f} after"]
+                if start is not None:
+                    grown = tracemalloc.take_snapshot().compare_to(start, "traceback")
+                    for stat in grown[:SITES]:
+                        where = " < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in stat.traceback)
+                        lines.append(f"  {stat.size_diff / 2**20:+7.2f} MiB {stat.count_diff:+8d} blocks  {where}")
+                    del grown, start
+                if name == "_act_all":
+                    traced.passes += 1
                 with open(path, "a") as f:
-                    f.write(f"phase {name}: {before / 2**20:.1f} MiB traced before, {most / 2**20:.1f} at most, "
-                            f"{after / 2**20:.1f} after\n")
+                    f.write("\n".join(lines) + "\n")
                 return out
 
             return measured
@@ -381,9 +398,10 @@ def held_bytes(value: Any, counted: set[int]) -> int:
 
 def cache_bytes(cache: Any) -> dict[str, dict[str, float]]:
     """Each collection of the watch cache (kf_culler/kube/cache.py, every namespace's together): its objects, the
-    MiB they hold as the cache keeps them (dicts of the projected JSON, with their keys; what another collection
-    reached first is counted there), the MiB of the same objects each encoded with `marshal` (`bytes` objects, the
-    interned strings written as such), and the CPU seconds to decode every one of them once."""
+    MiB they hold as the cache keeps them (the targets' collections as `marshal` bytes, the records and Nodes as
+    dicts of the projected JSON; with the dict that holds them), the MiB the same objects hold decoded (each
+    dict, list and string reached; what another collection reached first is counted there), and the CPU seconds
+    to decode every one of them once."""
     import marshal
 
     counted: set[int] = set()
@@ -394,29 +412,30 @@ def cache_bytes(cache: Any) -> dict[str, dict[str, float]]:
         for c in collections:
             with c.lock:
                 objects.update(c.objects)
-        held = held_bytes(objects, counted) - sys.getsizeof(objects) + sum(
-            sys.getsizeof(c.objects) for c in collections)
-        encoded = [marshal.dumps(o) for o in objects.values()]
+        held = sum(sys.getsizeof(c.objects) for c in collections) + sum(
+            sys.getsizeof(o) if isinstance(o, bytes) else held_bytes(o, counted) for o in objects.values())
+        encoded = [o if isinstance(o, bytes) else marshal.dumps(o) for o in objects.values()]
         cpu0 = time.process_time()
-        for e in encoded:
-            marshal.loads(e)
-        out[name] = {"objects": len(objects), "heldMiB": held / 2**20,
-                     "marshalMiB": sum(sys.getsizeof(e) for e in encoded) / 2**20,
-                     "decodeCpuSeconds": time.process_time() - cpu0}
+        decoded = [marshal.loads(e) for e in encoded]
+        cpu = time.process_time() - cpu0
+        as_dicts = held_bytes(decoded, counted) - sys.getsizeof(decoded)
+        out[name] = {"objects": len(objects), "heldMiB": held / 2**20, "decodedMiB": as_dicts / 2**20,
+                     "marshalMiB": sum(sys.getsizeof(e) for e in encoded) / 2**20, "decodeCpuSeconds": cpu}
     return out
 
 
 def _log_cache(label: str, sizes: dict[str, dict[str, float]]) -> None:
     log(f"cache {label}: " + "; ".join(
-        f"{k} {v['objects']:.0f} objects {v['heldMiB']:.1f} MiB held, {v['marshalMiB']:.1f} MiB as marshal "
-        f"(decoded in {v['decodeCpuSeconds']:.2f} CPU s)" for k, v in sizes.items()))
+        f"{k} {v['objects']:.0f} objects {v['heldMiB']:.1f} MiB held, {v['decodedMiB']:.1f} MiB decoded, "
+        f"{v['marshalMiB']:.1f} MiB as marshal (decoded in {v['decodeCpuSeconds']:.2f} CPU s)"
+        for k, v in sizes.items()))
 
 
 def run_child(params_path: str) -> int:
     """The culler as the Deployment runs it: list+watch, a cold cycle, then one cycle per check period."""
     params = json.loads(Path(params_path).read_text())
     spec = FleetSpec(**params["spec"])
-    traced = _Traced(params.get("tracemalloc"))
+    traced = _Traced(params.get("tracemalloc"), bool(params.get("tracemallocSites")))
     traced.phases()
     import yaml
 
@@ -500,7 +519,7 @@ def run_child(params_path: str) -> int:
     def measured(label: str) -> dict[str, Any]:
         api0, cls0, cpu0, w0 = counting.snapshot(), Counter(per_class), time.process_time(), time.monotonic()
         # as `run` does: after the last pass, and the Events go out while it waits for the next pass
-        result = runner.once(memory[0], wait_events=False)
+        result = runner.once(memory[0], wait_events=False, lean=True)  # as `run`'s loop (Runner.loop)
         memory[0] = result.memory
         wall = time.monotonic() - w0
         result.wait_events()
@@ -711,6 +730,7 @@ class Bench:
         params = {"spec": asdict(spec), "config": str(self.dir / "config.yaml"), "kubeconfig": str(c.kubeconfig),
                   "steadyMinutes": a.steady_minutes, "control": f"{base}/control", "out": str(self.dir / "ours.json"),
                   "syncTimeout": 600, "profile": a.profile, "tracemalloc": a.tracemalloc,
+                  "tracemallocSites": a.tracemalloc_sites,
                   "cacheBytes": a.cache_bytes}
         (self.dir / "params.json").write_text(json.dumps(params))
         before = apiserver_counts(c.server, *tls)
@@ -1011,6 +1031,9 @@ def main() -> int:
     p.add_argument("--tracemalloc", help="trace allocations: the largest sites after the sync, the cold cycle and "
                                          "steady cycles 1 and 3, and each phase's traced memory, into this text "
                                          "file (slows the culler)")
+    p.add_argument("--tracemalloc-sites", action="store_true",
+                   help="with --tracemalloc: what the select, gather and act phases of the cold pass and the first "
+                        "steady one hold more after them than before, by allocation site (5 frames each)")
     p.add_argument("--cache-bytes", action="store_true",
                    help="after the sync and after the cold cycle, measure each cached collection: the memory "
                         "its objects hold, the same objects encoded with marshal, and the CPU to decode them "
