@@ -301,22 +301,34 @@ class Cycle:
             return False
         return self.owns is None or self.owns(ns)
 
-    def run(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> CycleResult:
+    def run(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]], lean: bool = False) -> CycleResult:
         """One pass over the sessions `items` (each with its pod), in four phases: select (which sessions, under
         which policy, and what to ask about each), gather (the probes and bulk queries), judge (each verdict), act
-        (the brakes, then the writes); its Events go out after the writes (kf_culler/kube/event_tail.py)."""
+        (the brakes, then the writes); its Events go out after the writes (kf_culler/kube/event_tail.py).
+
+        `lean` (the service's passes, `Runner.loop`): the pass takes `items` over and empties it once selected, lets
+        go of what it gathered once judged, and of each session's objects, observations and probe calls once it
+        acted on it; its results keep neither observations nor calls (`on_result` still sees them). What a pass
+        holds at once is then what its act phase has not reached yet, not the whole pass's."""
         t0 = time.monotonic()
         started = self.clock()
         with self.tracer.start_as_current_span("kf_culler.cycle") as span:
             selection = self._select_all(items, started)
+            if lean:
+                items.clear()
             span.set_attribute("kf_culler.notebooks", len(selection.chosen))
             t_gather = time.monotonic()
             gathered = self._gather(selection, started)
             t_apply = time.monotonic()
             now = self.clock()
             judged = self._judge_all(selection, gathered, now)
+            if lean:  # each Judged holds its own part
+                selection.chosen.clear()
+                selection.requests.clear()
+                gathered.observations.clear()
+                gathered.calls.clear()
             braked = self._brake(judged, now)
-            results, interrupted = self._act_all(judged, now)
+            results, interrupted = self._act_all(judged, now, lean)
             span.set_attribute("kf_culler.interrupted", interrupted)
         t_end = time.monotonic()
         phases = {"select": t_gather - t0, "gather": t_apply - t_gather, "apply": t_end - t_apply}
@@ -478,19 +490,22 @@ class Cycle:
             return "keep"
         return v.action
 
-    def _act_all(self, judged: list[Judged], now: datetime) -> tuple[list[NotebookResult], bool]:
+    def _act_all(self, judged: list[Judged], now: datetime, lean: bool = False) -> tuple[list[NotebookResult], bool]:
         """Plan and write every judged notebook, with at most `writesInFlight` writes at once; results in the
         pass's order. In chunks that each hold at most CHUNK_PER_WRITER x writesInFlight notebooks whose stop,
         warning or restart must have its record stored before its patch: a chunk's records are stored all at
         once (`_store_rows`, one patch per bucket), then its notebooks are written, then the records whose patch
         did not land are taken back. The next chunk's records are stored while this chunk's notebooks are
         written, so a culler killed mid-pass leaves at most two chunks' records ahead of their patches. A stop
-        request (SIGTERM) ends the pass between notebooks, and takes back the records stored ahead."""
+        request (SIGTERM) ends the pass between notebooks, and takes back the records stored ahead. `lean`
+        (`run`): `judged` is emptied, and each notebook let go of once acted on (`_act_chunk`)."""
         workers = self.settings.operations.writes_in_flight if self.writer is not None else 1
         size = max(1, workers * CHUNK_PER_WRITER)
         plans = self._plan_all(judged, now)
         changes = self._before_changes(judged, plans)
         chunks = _chunks(judged, lambda j: j.sel.key in changes, size)
+        if lean:
+            judged.clear()
         results: list[NotebookResult] = []
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="write") if workers > 1 else None
         ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-ahead")
@@ -505,7 +520,7 @@ class Cycle:
                 assert upcoming is not None
                 stored = upcoming.result()
                 upcoming = store(chunks[i + 1]) if i + 1 < len(chunks) and not self.stop_flag.is_set() else None
-                found, interrupted = self._act_chunk(chunk, now, pool, stored, plans)
+                found, interrupted = self._act_chunk(chunk, now, pool, stored, plans, lean)
                 results += found
                 if interrupted:
                     if upcoming is not None:  # stored, never written: taken back
@@ -520,43 +535,60 @@ class Cycle:
         return results, False
 
     def _act_chunk(self, judged: list[Judged], now: datetime, pool: ThreadPoolExecutor | None,
-                   stored: dict[tuple[str, str], RecordChange], plans: Mapping[int, Plan]
+                   stored: dict[tuple[str, str], RecordChange], plans: dict[int, Plan], lean: bool = False
                    ) -> tuple[list[NotebookResult], bool]:
         """One chunk of `_act_all`, its records stored (`stored`): write, then take back what did not land. Only the
         notebooks with something to write go to the writers' threads; the others (most of a pass: nothing to
-        write) are traced and reported on this one, while the writes are in flight."""
+        write) are traced and reported on this one, while the writes are in flight. `lean`: the chunk's list is
+        emptied, each notebook let go of (its objects, observations and plan) once acted on, and each result gives
+        up its observations and probe calls once reported (`on_result`)."""
         interrupted = False
         context = otel_context.get_current()
         undo: list[tuple[str, str, str, CullerRecord | None]] = []
         settled: set[tuple[str, str]] = set()  # pre-stored records whose patch was sent (or refused) and checked
+        keys = [j.sel.key for j in judged]
+        # What takes back a record stored ahead for this chunk if its patch is not sent (read before any goes).
+        restores = {key: self._restore(j.nb, j.sel.view) for key, j in zip(keys, judged, strict=True)
+                    if stored.get(key) not in (None, _NOT_STORED)}
+        todo: list[Judged | None] = list(judged)
+        if lean:
+            judged.clear()
 
-        def act(j: Judged) -> NotebookResult | None:
+        def act(i: int) -> NotebookResult | None:
+            j = todo[i]
+            assert j is not None
             token = otel_context.attach(context)  # the notebook's span under the pass's, from any thread
             try:
                 if self.stop_flag.is_set():
                     return None
-                return self._act(j, now, stored.get(j.sel.key), undo, settled, plans.get(id(j)))
+                result = self._act(j, now, stored.get(j.sel.key), undo, settled, plans.get(id(j)))
+                if lean:
+                    result.observations, result.calls = {}, []
+                return result
             except Exception:  # isolate per notebook: one failure never stops the sweep
                 log.exception("skipping %s/%s: its pass failed", *j.sel.key)
                 return None
             finally:
                 otel_context.detach(token)
+                if lean:
+                    plans.pop(id(j), None)
+                    todo[i] = None
 
         if pool is None:
             found = []
-            for j in judged:
+            for i in range(len(todo)):
                 if self.stop_flag.is_set():
                     interrupted = True
                     break
-                found.append(act(j))
+                found.append(act(i))
         else:
-            writes = {i: pool.submit(act, j) for i, j in enumerate(judged) if _writes(plans.get(id(j)))}
-            found = [writes[i].result() if i in writes else act(j) for i, j in enumerate(judged)]
+            writes = {i: pool.submit(act, i) for i, j in enumerate(todo) if j is not None
+                      and _writes(plans.get(id(j)))}
+            found = [writes[i].result() if i in writes else act(i) for i in range(len(todo))]
             interrupted = self.stop_flag.is_set()
-        for j in judged:
-            change = stored.get(j.sel.key)
-            if change is not None and change is not _NOT_STORED and j.sel.key not in settled:
-                undo.append(self._restore(j.nb, j.sel.view))
+        for key in keys:
+            if key in restores and key not in settled:
+                undo.append(restores[key])
         self._undo_all(undo)
         return [r for r in found if r is not None], interrupted
 

@@ -254,29 +254,36 @@ class Runner:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def once(self, after: Memory | None = None, wait_events: bool = True) -> CycleResult:
+    def once(self, after: Memory | None = None, wait_events: bool = True, lean: bool = False) -> CycleResult:
         """One pass after the one that returned `after` (None: a first pass); its result's `memory` is what the
         next pass needs. Its Events go out after its patches (kf_culler/kube/event_tail.py): `wait_events` waits
         for them before returning; otherwise the next pass does, before it starts (`loop`: they go out during the
-        wait for the next period)."""
+        wait for the next period). `lean` (`loop`): the pass lets go of each session's objects once it acted on it
+        (`Cycle.run`), and what the runner reads after it is each session's identity alone; the result's `items`
+        is then empty and its results keep no observations or probe calls."""
         memory = after or Memory()
         cache = self.start_cache()
         resend = unsent_after(memory)
         cycle = self.build_cycle(memory, on_written=cache.record_notebook, resend=resend)
-        snapshot = cache.snapshot()
+        items = cache.snapshot()
+        listed = len(items)  # the cache's sessions, then Coder's
         coder, coder_seen = self.coder_items(memory.coder)  # Coder's workspaces, listed now (`targets: [coder]`)
-        items = snapshot + coder
+        items += coder
+        kept: list[tuple[dict[str, Any], dict[str, Any] | None]] = \
+            [(identity(nb), None) for nb, _pod in items] if lean else list(items)
+        del coder
         held = self._shards_held()
-        result = cycle.run(items)
+        result = cycle.run(items, lean)
         if wait_events:
             result.wait_events()
         brake_state = self._keep_brakes(memory.brake_state, result)
-        self._keep_records(items, held, result.now, coder_seen)
+        self._keep_records(kept, held, result.now, coder_seen)
+        snapshot = kept[:listed]
         orphans, orphans_told = self._report_orphans(snapshot, result.now, memory.orphans_told)
         contested, contested_told = self._report_contested(snapshot, result.now, memory.contested_told)
         self.policies.after_pass(snapshot, self.may_write, self.owns or (lambda _ns: True))
         result = dataclasses.replace(
-            result, items=items, gpu_orphans=orphans, gpu_contested=contested,
+            result, items=[] if lean else kept, gpu_orphans=orphans, gpu_contested=contested,
             memory=Memory(slow=result.slow, brake_state=brake_state, coder=coder_seen, orphans_told=orphans_told,
                           contested_told=contested_told, events=result.events, cycles=memory.cycles + 1,
                           last_cycle_end=time.monotonic()))
@@ -399,7 +406,7 @@ class Runner:
             while not self.stop.is_set():
                 t0 = time.monotonic()
                 if cache.synced:
-                    memory = self.once(memory, wait_events=False).memory
+                    memory = self.once(memory, wait_events=False, lean=True).memory
                 if max_cycles is not None and memory.cycles >= max_cycles:
                     break
                 self.stop.wait(max(0.0, period - (time.monotonic() - t0)))
@@ -417,6 +424,16 @@ class Runner:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+
+
+def identity(session: dict[str, Any]) -> dict[str, Any]:
+    """What the runner reads of a session after a lean pass: its kind, and its name, namespace, uid and
+    resourceVersion (the records kept, the Events about orphaned pods, the namespaces with sessions)."""
+    meta = session.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    out: dict[str, Any] = {k: session[k] for k in ("apiVersion", "kind") if k in session}
+    out["metadata"] = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    return out
 
 
 def unsent_after(memory: Memory) -> tuple[NotebookResult, ...]:

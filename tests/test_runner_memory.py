@@ -84,9 +84,9 @@ def test_two_passes_carry_their_memory_through_the_returned_value(monkeypatch: p
     given: list[tuple[BrakeState, frozenset[tuple[str, str]]]] = []
     run = Cycle.run
 
-    def spied(cycle: Cycle, items: Any) -> CycleResult:
+    def spied(cycle: Cycle, items: Any, lean: bool = False) -> CycleResult:
         given.append((cycle.brake_state, cycle.slow))
-        return run(cycle, items)
+        return run(cycle, items, lean)
 
     monkeypatch.setattr(Cycle, "run", spied)
     runner = _runner()

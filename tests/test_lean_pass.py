@@ -1,0 +1,66 @@
+"""A lean pass (`Cycle.run(items, lean=True)`, what `run`'s loop does) decides exactly as a full one, takes its
+items over, and lets go of each notebook once it acted on it: when a result is reported, no notebook reported
+before it is still held, and the results keep no observations or probe calls. No cluster: the probes go to a
+loopback port where nothing listens (a connection refused is no signal)."""
+
+from __future__ import annotations
+
+import weakref
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kf_culler.config import load_mapping
+from kf_culler.cycle import Cycle, NotebookResult
+from kf_culler.local import objects as obj
+from kf_culler.model import STOP_ANNOTATION
+from kf_culler.timeutil import format_time
+
+NOW = datetime(2026, 12, 7, 12, tzinfo=UTC)
+SETTINGS = load_mapping({"namespaces": {"include": ["team"]}, "idleMinutes": 60,
+                         "urls": {"jupyter": "http://127.0.0.1:9/notebook/{namespace}/{name}/"},
+                         "probe": {"retries": 0, "timeoutSeconds": 2}}, "test")
+
+
+class Tracked(dict[str, Any]):
+    """A notebook the test can hold weakly (a plain dict cannot be)."""
+
+
+def _items(n: int) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    out: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    for i in range(n):
+        nb = Tracked(obj.notebook(f"nb-{i}", gpus=i % 2,
+                                  annotations={STOP_ANNOTATION: format_time(NOW)} if i == 3 else None))
+        nb["metadata"].update(namespace="team", uid=f"uid-{i}", creationTimestamp=format_time(NOW - timedelta(days=1)))
+        pod = None if i == 3 else {
+            "metadata": {"name": f"nb-{i}-0", "namespace": "team", "uid": f"pod-{i}"},
+            "spec": {"containers": [{"name": "nb", "resources": {"limits": {"nvidia.com/gpu": "1"}} if i % 2 else {}}]},
+            "status": {"phase": "Running", "startTime": format_time(NOW - timedelta(hours=3))}}
+        out.append((nb, pod))
+    return out
+
+
+def _verdicts(results: list[NotebookResult]) -> list[tuple[str, str, str, str]]:
+    return [(r.name, r.verdict.action, r.verdict.state, str(r.verdict.rule_id)) for r in results]
+
+
+def test_a_lean_pass_decides_as_a_full_one_and_lets_go_of_each_notebook_once_acted_on() -> None:
+    full_items = _items(6)
+    full = Cycle(SETTINGS, clock=lambda: NOW).run(full_items)
+    assert len(full_items) == 6 and len(full.results) == 6  # a full pass leaves its items as they were
+    assert any(r.observations for r in full.results) and any(r.calls for r in full.results)
+
+    items = _items(6)
+    refs = {nb["metadata"]["name"]: weakref.ref(nb) for nb, _pod in items}
+    seen: list[tuple[str, bool, list[str]]] = []  # (name, its observations given, earlier notebooks still held)
+
+    def on_result(r: NotebookResult) -> None:
+        held = [name for name, _, _ in seen if refs[name]() is not None]
+        seen.append((r.name, bool(r.observations) or r.verdict.state == "stopped", held))
+
+    lean = Cycle(SETTINGS, clock=lambda: NOW, on_result=on_result).run(items, lean=True)
+    assert items == []  # taken over
+    assert _verdicts(lean.results) == _verdicts(full.results)
+    assert [(name, given) for name, given, _ in seen] == [(f"nb-{i}", True) for i in range(6)]
+    assert all(held == [] for _, _, held in seen), seen  # each notebook let go once acted on
+    assert all(r.observations == {} and r.calls == [] for r in lean.results)
+    assert all(ref() is None for ref in refs.values())
