@@ -455,7 +455,11 @@ def run_child(params_path: str) -> int:
     # last stop time (seconds from the fleet's t0).
     verdicts: dict[str, dict[str, Any]] = {}
 
-    def on_result(r: NotebookResult) -> None:
+    probed: Counter[str] = Counter()  # probe calls and their errors, counted as each result is reported
+
+    def on_result(r: NotebookResult) -> None:  # a lean pass's results give up their calls once reported
+        probed["probes"] += len(r.calls)
+        probed["errors"] += sum(1 for c in r.calls if c.error)
         m = lookup(spec, r.namespace, r.name)
         cls = m.cls if m else "other"
         per_class[f"notebooks:{cls}"] += 1
@@ -518,6 +522,7 @@ def run_child(params_path: str) -> int:
 
     def measured(label: str) -> dict[str, Any]:
         api0, cls0, cpu0, w0 = counting.snapshot(), Counter(per_class), time.process_time(), time.monotonic()
+        probed0 = Counter(probed)
         # as `run` does: after the last pass, and the Events go out while it waits for the next pass
         result = runner.once(memory[0], wait_events=False, lean=True)  # as `run`'s loop (Runner.loop)
         memory[0] = result.memory
@@ -528,8 +533,7 @@ def run_child(params_path: str) -> int:
             "eventsSeconds": result.events.seconds if result.events is not None else 0.0,
             "cpuSeconds": time.process_time() - cpu0, "api": diff(counting.snapshot(), api0),
             "classes": diff(per_class, cls0), "prometheusQueries": result.bulk_queries,
-            "probes": sum(len(r.calls) for r in result.results),
-            "probeErrors": sum(1 for r in result.results for c in r.calls if c.error),
+            "probes": probed["probes"] - probed0["probes"], "probeErrors": probed["errors"] - probed0["errors"],
             "notebooks": len(result.results), "rssMiB": proc_stats(os.getpid()).get("rssMiB", 0.0),
             "peakRssMiB": own_peak_rss_mib(),
             "load": loadavg(), "phases": result.phases,
