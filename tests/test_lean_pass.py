@@ -1,11 +1,13 @@
 """A lean pass (`Cycle.run(items, lean=True)`, what `run`'s loop does) decides exactly as a full one, takes its
-items over, and lets go of each notebook once it acted on it: when a result is reported, no notebook reported
-before it is still held, and the results keep no observations or probe calls. No cluster: the probes go to a
-loopback port where nothing listens (a connection refused is no signal)."""
+items over, holds each notebook encoded from its select phase on, and lets go of each session once it acted on
+it: when a result is reported, no notebook object is held any more and no pod of a session reported before it,
+and the results keep no observations or probe calls. No cluster: the probes go to a loopback port where nothing
+listens (a connection refused is no signal)."""
 
 from __future__ import annotations
 
-import weakref
+import gc
+import types
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,15 +23,16 @@ SETTINGS = load_mapping({"namespaces": {"include": ["team"]}, "idleMinutes": 60,
                          "probe": {"retries": 0, "timeoutSeconds": 2}}, "test")
 
 
-class Tracked(dict[str, Any]):
-    """A notebook the test can hold weakly (a plain dict cannot be)."""
+def _held(obj: object, mine: object) -> bool:
+    """Whether anything but the test's own container `mine` (and running frames) holds `obj`, a plain dict as the
+    cache decodes them (no weak reference to one can be made)."""
+    return any(r is not mine and not isinstance(r, types.FrameType) for r in gc.get_referrers(obj))
 
 
 def _items(n: int) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
     out: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     for i in range(n):
-        nb = Tracked(obj.notebook(f"nb-{i}", gpus=i % 2,
-                                  annotations={STOP_ANNOTATION: format_time(NOW)} if i == 3 else None))
+        nb = obj.notebook(f"nb-{i}", gpus=i % 2, annotations={STOP_ANNOTATION: format_time(NOW)} if i == 3 else None)
         nb["metadata"].update(namespace="team", uid=f"uid-{i}", creationTimestamp=format_time(NOW - timedelta(days=1)))
         pod = None if i == 3 else {
             "metadata": {"name": f"nb-{i}-0", "namespace": "team", "uid": f"pod-{i}"},
@@ -50,17 +53,25 @@ def test_a_lean_pass_decides_as_a_full_one_and_lets_go_of_each_notebook_once_act
     assert any(r.observations for r in full.results) and any(r.calls for r in full.results)
 
     items = _items(6)
-    refs = {nb["metadata"]["name"]: weakref.ref(nb) for nb, _pod in items}
-    seen: list[tuple[str, bool, list[str]]] = []  # (name, its observations given, earlier notebooks still held)
+    notebooks = [nb for nb, _pod in items]
+    pods = {nb["metadata"]["name"]: pod for nb, pod in items if pod is not None}
+    # (name, its observations given, notebook objects held by the pass, pods of earlier sessions held, pods held)
+    seen: list[tuple[str, bool, int, list[str], int]] = []
 
     def on_result(r: NotebookResult) -> None:
-        held = [name for name, _, _ in seen if refs[name]() is not None]
-        seen.append((r.name, bool(r.observations) or r.verdict.state == "stopped", held))
+        earlier = [name for name, *_ in seen if name in pods and _held(pods[name], pods)]
+        held_notebooks = [i for i in range(len(notebooks)) if _held(notebooks[i], notebooks)]
+        held_pods = [name for name in pods if _held(pods[name], pods)]
+        seen.append((r.name, bool(r.observations) or r.verdict.state == "stopped", len(held_notebooks), earlier,
+                     len(held_pods)))
 
     lean = Cycle(SETTINGS, clock=lambda: NOW, on_result=on_result).run(items, lean=True)
     assert items == []  # taken over
     assert _verdicts(lean.results) == _verdicts(full.results)
-    assert [(name, given) for name, given, _ in seen] == [(f"nb-{i}", True) for i in range(6)]
-    assert all(held == [] for _, _, held in seen), seen  # each notebook let go once acted on
+    assert [(name, given) for name, given, *_ in seen] == [(f"nb-{i}", True) for i in range(6)]
+    assert all(held == 0 for _, _, held, _, _ in seen), seen  # encoded since the select phase
+    assert all(earlier == [] for *_, earlier, _ in seen), seen  # each session let go once acted on
+    assert seen[0][4] == 5  # ...and not before: every pod is held until its session is acted on
     assert all(r.observations == {} and r.calls == [] for r in lean.results)
-    assert all(ref() is None for ref in refs.values())
+    assert [i for i in range(len(notebooks)) if _held(notebooks[i], notebooks)] == []
+    assert [name for name in pods if _held(pods[name], pods)] == []
