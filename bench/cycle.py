@@ -1037,7 +1037,8 @@ def main() -> int:
                                          "file (slows the culler)")
     p.add_argument("--tracemalloc-sites", action="store_true",
                    help="with --tracemalloc: what the select, gather and act phases of the cold pass and the first "
-                        "steady one hold more after them than before, by allocation site (5 frames each)")
+                        "steady one hold more after them than before, by allocation site (5 frames each; the "
+                        "snapshots are traced too, so take the phases' figures from a run without)")
     p.add_argument("--cache-bytes", action="store_true",
                    help="after the sync and after the cold cycle, measure each cached collection: the memory "
                         "its objects hold, the same objects encoded with marshal, and the CPU to decode them "
