@@ -785,7 +785,7 @@ class Cycle:
         """Trace, plan and write one judged notebook (writes only when this culler writes). `stored`: the record
         change `_store_rows` stored for it (`_NOT_STORED`: it could not be); a stop or warning recorded but not
         written goes on `undo`, and the notebook on `settled` once that is checked."""
-        nb, sel, verdict, observations, calls = j.nb, j.sel, j.verdict, j.observations, j.calls
+        sel, verdict, observations, calls = j.sel, j.verdict, j.observations, j.calls
         view, policy = sel.view, sel.policy
         (ns, name), pod = sel.key, view.pod
         stype = view.server_type
@@ -808,6 +808,8 @@ class Cycle:
             # An empty plan (`_plan_all`'s) is whole; one with writes is made again with the trace id for its marks.
             result.plan = Plan({}) if j.held else planned if planned is not None and planned.empty \
                 else plan(view, verdict, now, step, trace_id)
+            # The notebook itself only where something is kept or written (a lean pass holds it encoded).
+            nb = j.nb if not result.plan.empty or result.plan.record is not None else {}
             if result.plan.empty:
                 self._store_record(nb, view, result.plan.record)  # e.g. runningSince, with nothing to patch
             if self.writer is not None and not self.settings.operations.dry_run and not result.plan.empty:
