@@ -31,6 +31,7 @@ from kf_culler.gather import (
     template_for,
     url_for,
 )
+from kf_culler.kube.cache import decoded
 from kf_culler.kube.event_tail import EventTail
 from kf_culler.kube.prober import ProxyAuth
 from kf_culler.kube.records import RecordStore
@@ -184,11 +185,7 @@ def packed(session: dict[str, Any]) -> dict[str, Any] | bytes:
 
 
 def unpacked(session: dict[str, Any] | bytes) -> dict[str, Any]:
-    if isinstance(session, bytes):
-        found = marshal.loads(session)
-        assert isinstance(found, dict)
-        return found
-    return session
+    return decoded(session) if isinstance(session, bytes) else session
 
 
 @dataclass

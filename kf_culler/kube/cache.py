@@ -73,11 +73,11 @@ class _Decoded(Mapping[Key, dict[str, Any]]):
         self._raw = raw
 
     def __getitem__(self, key: Key) -> dict[str, Any]:
-        return _decode(self._raw[key])
+        return decoded(self._raw[key])
 
     def get(self, key: Key, default: Any = None) -> Any:
         raw = self._raw.get(key)
-        return default if raw is None else _decode(raw)
+        return default if raw is None else decoded(raw)
 
     def __contains__(self, key: object) -> bool:
         return key in self._raw
@@ -89,7 +89,8 @@ class _Decoded(Mapping[Key, dict[str, Any]]):
         return len(self._raw)
 
 
-def _decode(raw: bytes) -> dict[str, Any]:
+def decoded(raw: bytes) -> dict[str, Any]:
+    """An object kept encoded (`marshal`), decoded: a new copy."""
     obj = marshal.loads(raw)  # the strings written interned (fields.py `shared`) are interned again
     assert isinstance(obj, dict)
     return obj
@@ -396,14 +397,14 @@ class ClusterCache:
 
     def objects(self, name: str) -> dict[Key, dict[str, Any]]:
         """A collection as the cache holds it now, every namespace's together, decoded."""
-        return {k: _decode(v) for k, v in self._raw(name).items()}
+        return {k: decoded(v) for k, v in self._raw(name).items()}
 
     def _now(self, name: str, key: Key) -> dict[str, Any] | None:
         found = None
         for c in self.collections.get(name, []):
             with c.lock:
                 found = c.objects.get(key, found)
-        return None if found is None else _decode(found)
+        return None if found is None else decoded(found)
 
     def snapshot(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
         """Every session of the configured targets with its pod (or None), each target's sorted, as the targets
@@ -427,7 +428,7 @@ class ClusterCache:
         snapshot's pairing or holding them all decoded at once."""
         for name in dict.fromkeys(self._sessions.values()):
             for raw in self._raw(name).values():
-                yield _decode(raw)
+                yield decoded(raw)
 
     @property
     def endpoints(self) -> bool:
