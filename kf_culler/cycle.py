@@ -8,7 +8,7 @@ import logging
 import marshal
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,12 +23,15 @@ from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
 from kf_culler.gather import (
     DNS_LABEL,
+    Found,
     Gathered,
     Request,
     gather,
+    packed_found,
     proxied_namespaces,
     service_host,
     template_for,
+    unpacked_found,
     url_for,
 )
 from kf_culler.kube.cache import decoded
@@ -44,6 +47,7 @@ from kf_culler.session import SessionView, node_gpu_model
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
 from kf_culler.targets import KINDS, SessionKey, fairness_key, session_key, target_of, uid_of
+from kf_culler.targets.base import Item
 from kf_culler.targets.pairing import Orphan
 
 if TYPE_CHECKING:
@@ -197,14 +201,16 @@ class Judged:
     session: dict[str, Any] | bytes
     sel: Selected
     verdict: Verdict
-    observations: dict[str, Any]
-    calls: list[Call]
+    found: Found | bytes  # its observations and probe calls; a lean pass holds them encoded (`found_now` decodes)
     held: frozenset[str] = frozenset()
     why: str = ""
 
     @property
     def nb(self) -> dict[str, Any]:
         return unpacked(self.session)
+
+    def found_now(self) -> Found:
+        return unpacked_found(self.found)
 
     def restrain(self, verdict: Verdict) -> Verdict:
         if verdict.action not in self.held:
@@ -323,12 +329,13 @@ class Cycle:
             return False
         return self.owns is None or self.owns(ns)
 
-    def run(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]], lean: bool = False) -> CycleResult:
+    def run(self, items: Iterable[Item], lean: bool = False) -> CycleResult:
         """One pass over the sessions `items` (each with its pod), in four phases: select (which sessions, under
         which policy, and what to ask about each), gather (the probes and bulk queries), judge (each verdict), act
         (the brakes, then the writes); its Events go out after the writes (kf_culler/kube/event_tail.py).
 
-        `lean` (the service's passes, `Runner.loop`): the pass takes `items` over and empties it once selected, lets
+        `lean` (the service's passes, `Runner.loop`): the pass takes `items` over (a list, it empties once selected;
+        or the runner's pairs, decoded one at a time as they are selected: kf_culler/kube/cache.py), lets
         go of what it gathered once judged, and of each session's objects, observations and probe calls once it
         acted on it; its results keep neither observations nor calls (`on_result` still sees them). What a pass
         holds at once is then what its act phase has not reached yet, not the whole pass's."""
@@ -336,19 +343,18 @@ class Cycle:
         started = self.clock()
         with self.tracer.start_as_current_span("kf_culler.cycle") as span:
             selection = self._select_all(items, started, lean)
-            if lean:
+            if lean and isinstance(items, list):
                 items.clear()
             span.set_attribute("kf_culler.notebooks", len(selection.chosen))
             t_gather = time.monotonic()
-            gathered = self._gather(selection, started)
+            gathered = self._gather(selection, started, lean)
             t_apply = time.monotonic()
             now = self.clock()
-            judged = self._judge_all(selection, gathered, now)
+            judged = self._judge_all(selection, gathered, now, lean)
             if lean:  # each Judged holds its own part
                 selection.chosen.clear()
                 selection.requests.clear()
-                gathered.observations.clear()
-                gathered.calls.clear()
+                gathered.clear()
             braked = self._brake(judged, now)
             results, interrupted = self._act_all(judged, now, lean)
             span.set_attribute("kf_culler.interrupted", interrupted)
@@ -364,8 +370,7 @@ class Cycle:
         return CycleResult(started, now, time.monotonic() - t0, results, gathered.bulk_queries, interrupted, phases,
                            braked, events, frozenset(gathered.slow))
 
-    def _select_all(self, items: list[tuple[dict[str, Any], dict[str, Any] | None]], started: datetime,
-                    lean: bool = False) -> Selection:
+    def _select_all(self, items: Iterable[Item], started: datetime, lean: bool = False) -> Selection:
         """Select: the sessions of this pass (in scope, chosen by a policy), the verdict of those that need no probe
         (stopped, exempt, ...), and what to ask about the others: a request each, or why its IDE is not probed.
         `lean`: each session chosen is held encoded (`packed`)."""
@@ -428,15 +433,16 @@ class Cycle:
         service, ip = found
         return service_host(service, str(view.namespace), self.settings.operations.cluster_domain), ip
 
-    def _gather(self, selection: Selection, started: datetime) -> Gathered:
+    def _gather(self, selection: Selection, started: datetime, lean: bool = False) -> Gathered:
         """Gather: every request at once (kf_culler/gather.py), then what was known without a probe — an untrusted
-        URL's reason, a carried signal — set as those sessions' observations."""
+        URL's reason, a carried signal — set as those sessions' observations. `lean`: each session's probe answer
+        and calls kept encoded as they arrive (`Gathered.packed`)."""
         with self.tracer.start_as_current_span("kf_culler.gather") as gspan:
             requests = selection.requests
             wanted = proxied_namespaces(requests, self.settings.operations) if self.probe_auth else set()
             auth = self.probe_auth(wanted) if wanted and self.probe_auth is not None else None
             gathered = run_async(gather(requests, self.settings.operations, started, self.gpu,
-                                        self.rstudio, self.slow, auth)) if requests else Gathered()
+                                        self.rstudio, self.slow, auth, pack=lean)) if requests else Gathered()
             for key, (source, why) in selection.untrusted.items():
                 gathered.observations.setdefault(key, {})[source] = {
                     "error": f"not probed: {why}, so its answer could come from another host"}
@@ -446,12 +452,13 @@ class Cycle:
             gspan.set_attribute("kf_culler.bulk_queries", gathered.bulk_queries)
         return gathered
 
-    def _judge_all(self, selection: Selection, gathered: Gathered, now: datetime) -> list[Judged]:
-        """Judge: each chosen session's verdict, from what the gather found or its pre-probe verdict."""
+    def _judge_all(self, selection: Selection, gathered: Gathered, now: datetime, lean: bool = False) -> list[Judged]:
+        """Judge: each chosen session's verdict, from what the gather found or its pre-probe verdict. `lean`: each
+        Judged holds its observations and calls encoded (`packed_found`)."""
         judged: list[Judged] = []
         for nb, sel in selection.chosen:
             try:
-                j = self._judge(nb, sel, selection.pre, gathered, now)
+                j = self._judge(nb, sel, selection.pre, gathered, now, lean)
             except Exception:  # isolate per notebook: one failure never stops the sweep
                 log.exception("skipping %s/%s: deciding it failed", *sel.key)
                 continue
@@ -460,10 +467,10 @@ class Cycle:
         return judged
 
     def _judge(self, nb: dict[str, Any] | bytes, sel: Selected, pre: dict[SessionKey, Verdict], gathered: Gathered,
-               now: datetime) -> Judged | None:
+               now: datetime, lean: bool = False) -> Judged | None:
         """The notebook's verdict from what the gather found (or from its pre-probe verdict)."""
         view, key = sel.view, sel.key
-        observations = gathered.observations.get(key, {})
+        observations, calls = gathered.found(key)
         if self.on_observed is not None and key not in pre:
             self.on_observed(now, unpacked(nb), view.pod, observations, self.selection_context(key[0], view.pod))
         try:
@@ -472,7 +479,12 @@ class Cycle:
             log.warning("skipping %s/%s: %s", *key, err)
             return None
         verdict = dataclasses.replace(verdict, policy_rule=sel.policy_rule)
-        return Judged(nb, sel, verdict, observations, gathered.calls.get(key, []))
+        found: Found | bytes = (observations, calls)
+        if lean and (observations or calls):  # as the gather encoded them when nothing was added to them
+            held = gathered.packed.get(key)
+            found = held if isinstance(held, bytes) and key not in gathered.observations \
+                else packed_found(observations, calls)
+        return Judged(nb, sel, verdict, found)
 
     def _brake(self, judged: list[Judged], now: datetime) -> Outcome | None:
         """The brakes over the whole pass's verdicts (kf_culler/brakes.py): held and deferred stops, and
@@ -782,7 +794,7 @@ class Cycle:
         """Trace, plan and write one judged notebook (writes only when this culler writes). `stored`: the record
         change `_store_rows` stored for it (`_NOT_STORED`: it could not be); a stop or warning recorded but not
         written goes on `undo`, and the notebook on `settled` once that is checked."""
-        sel, verdict, observations, calls = j.sel, j.verdict, j.observations, j.calls
+        sel, verdict, (observations, calls) = j.sel, j.verdict, j.found_now()
         view, policy = sel.view, sel.policy
         (ns, name), pod = sel.key, view.pod
         stype = view.server_type

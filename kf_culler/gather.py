@@ -12,6 +12,7 @@ request's namespace, chosen by the request's namespace, and no other; no other f
 from __future__ import annotations
 
 import asyncio
+import marshal
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -47,12 +48,51 @@ class Request:
 SLOW_SECONDS = 1.0  # a notebook whose probes took longer gets a worker of the slow set next pass
 
 
+# A session's observations (by source) and the calls its probes made.
+Found = tuple[dict[str, Any], list[Call]]
+
+
+def packed_found(observations: dict[str, Any], calls: list[Call]) -> Found | bytes:
+    """Observations and calls as a lean pass holds them: one `marshal` bytes, a fraction of the memory of the
+    decoded answers (`unpacked_found` decodes it); as they are when something in them cannot be encoded."""
+    try:
+        return marshal.dumps((observations, [(c.url, c.status, c.seconds, c.attempts, c.error) for c in calls]))
+    except ValueError:
+        return observations, calls
+
+
+def unpacked_found(found: Found | bytes) -> Found:
+    if not isinstance(found, bytes):
+        return found
+    observations, calls = marshal.loads(found)
+    return observations, [Call(*c) for c in calls]
+
+
 @dataclass
 class Gathered:
+    """What the gather found, by session: its observations and probe calls; with `packed` (a lean pass) each probed
+    session's probe answer and calls are kept encoded as they arrive (`packed_found`), and `observations` holds
+    only the rest (bulk answers, what the cycle sets). `found` reads a session's, either way."""
+
     observations: dict[Key, dict[str, Any]] = field(default_factory=dict)
     calls: dict[Key, list[Call]] = field(default_factory=dict)
     bulk_queries: int = 0
     slow: set[Key] = field(default_factory=set)  # notebooks whose probes took over SLOW_SECONDS
+    packed: dict[Key, Found | bytes] = field(default_factory=dict)
+
+    def found(self, key: Key) -> Found:
+        """The session's observations and probe calls (empty when it was not probed)."""
+        held = self.packed.get(key)
+        if held is None:
+            return self.observations.get(key, {}), self.calls.get(key, [])
+        observations, calls = unpacked_found(held)
+        return {**observations, **self.observations.get(key, {})}, calls
+
+    def clear(self) -> None:
+        """Let go of every session's observations and calls (a lean pass, once it judged them)."""
+        self.observations.clear()
+        self.calls.clear()
+        self.packed.clear()
 
 
 def split_slow(requests: Sequence[Request], slow: Set[Key]) -> tuple[list[Request], list[Request]]:
@@ -120,47 +160,60 @@ async def _probe_one(fetcher: Fetcher, ops: Operations, req: Request,
     return await probe(fetcher, url)
 
 
-ProbeResult = tuple[dict[str, Any] | None, list[Call]]
+# What one session's probes found (its answer under its source, or nothing), as the gather keeps it (encoded with
+# `pack`), and whether they took over SLOW_SECONDS.
+ProbeResult = tuple[Found | bytes, bool]
+_NOTHING: ProbeResult = (({}, []), False)
+
+
+def _kept(req: Request, answer: dict[str, Any] | None, calls: list[Call], pack: bool) -> ProbeResult:
+    observations = {req.source or "": answer} if answer is not None else {}
+    slow = sum(c.seconds for c in calls) > SLOW_SECONDS
+    return (packed_found(observations, calls) if pack else (observations, calls)), slow
 
 
 async def _probe_all(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request],
-                     proxied: Proxied = None) -> list[ProbeResult]:
-    """Probe every request, `ops.concurrency` at a time, answers in the order asked.
+                     proxied: Proxied = None, pack: bool = False) -> list[ProbeResult]:
+    """Probe every request, `ops.concurrency` at a time, answers in the order asked; `pack`: each kept encoded
+    from the moment it is complete (`packed_found`).
 
     A fixed set of workers takes the next notebook when it is done with one: 10,000 notebooks cost
     `concurrency` tasks, not 10,000 tasks waiting on a semaphore (memory and scheduling).
     """
-    results: list[ProbeResult] = [(None, [])] * len(reqs)
+    results: list[ProbeResult] = [_NOTHING] * len(reqs)
     todo = iter(enumerate(reqs))
 
     async def worker() -> None:
         for i, req in todo:  # shared iterator: each notebook goes to exactly one worker
-            results[i] = await _probe_one(fetcher, ops, req, proxied)
+            answer, calls = await _probe_one(fetcher, ops, req, proxied)
+            results[i] = _kept(req, answer, calls, pack)
 
     await asyncio.gather(*(worker() for _ in range(min(ops.concurrency, len(reqs)))))
     return results
 
 
 async def _probe_split(fetcher: Fetcher, ops: Operations, reqs: Sequence[Request],
-                       slow: Set[Key], proxied: Proxied = None) -> list[ProbeResult]:
+                       slow: Set[Key], proxied: Proxied = None, pack: bool = False) -> list[ProbeResult]:
     """`_probe_all`, with the notebooks that were slow last pass in a second set of workers of their own
     (at most `concurrency`): a hanging endpoint holds its worker for the whole probe budget, and 500
     of them would otherwise hold nearly every worker while the answering notebooks wait."""
     slow_reqs, others = split_slow(reqs, slow)
     if not slow_reqs:
-        return await _probe_all(fetcher, ops, reqs, proxied)
-    got_slow, got_others = await asyncio.gather(_probe_all(fetcher, ops, slow_reqs, proxied),
-                                                _probe_all(fetcher, ops, others, proxied))
+        return await _probe_all(fetcher, ops, reqs, proxied, pack)
+    got_slow, got_others = await asyncio.gather(_probe_all(fetcher, ops, slow_reqs, proxied, pack),
+                                                _probe_all(fetcher, ops, others, proxied, pack))
     by_key = {(r.namespace, r.name): res for r, res in zip(slow_reqs + others, got_slow + got_others, strict=True)}
     return [by_key[(r.namespace, r.name)] for r in reqs]
 
 
 async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
                  gpu: BulkSource | None = None, rstudio: BulkSource | None = None,
-                 slow: Set[Key] = frozenset(), auth: Mapping[str, ProxyAuth] | None = None) -> Gathered:
+                 slow: Set[Key] = frozenset(), auth: Mapping[str, ProxyAuth] | None = None,
+                 pack: bool = False) -> Gathered:
     """Observations of every request; `slow`: the notebooks slow to answer last pass (`_probe_split`); `auth`: by
     namespace, this pass's prober token and TLS context when `probe.authProxy` is on (a namespace without one:
-    its probes report why not)."""
+    its probes report why not); `pack` (a lean pass): each session's probe answer and calls kept encoded from the
+    moment they are complete (`Gathered.packed`), so the gather holds decoded only the answers in flight."""
     out = Gathered()
     fetcher = Fetcher.open(ops.probe, ops.concurrency,
                            addresses=dict(r.address for r in requests if r.address is not None))
@@ -183,15 +236,20 @@ async def gather(requests: Sequence[Request], ops: Operations, now: datetime,
         bulk_calls = [asyncio.to_thread(_bulk, src, [(r.namespace, r.pod or "") for r in reqs], now)
                       for _, src, reqs in bulk_reqs]
         probe_results, bulk_results = await asyncio.gather(
-            _probe_split(fetcher, ops, http_reqs, slow, proxied),
+            _probe_split(fetcher, ops, http_reqs, slow, proxied, pack),
             asyncio.gather(*bulk_calls),
         )
-        for r, (answer, calls) in zip(http_reqs, probe_results, strict=True):
-            if answer is not None:
-                out.observations.setdefault((r.namespace, r.name), {})[r.source or ""] = answer
-            out.calls[(r.namespace, r.name)] = calls
-            if sum(c.seconds for c in calls) > SLOW_SECONDS:
-                out.slow.add((r.namespace, r.name))
+        for r, (found, took_long) in zip(http_reqs, probe_results, strict=True):
+            key = (r.namespace, r.name)
+            if isinstance(found, bytes):
+                out.packed[key] = found
+            else:
+                observations, out.calls[key] = found
+                if observations:
+                    out.observations.setdefault(key, {}).update(observations)
+            if took_long:
+                out.slow.add(key)
+        probe_results.clear()
         for (name, _, reqs), (answers, queries) in zip(bulk_reqs, bulk_results, strict=True):
             out.bulk_queries += queries
             for r in reqs:

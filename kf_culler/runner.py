@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,7 @@ from kf_culler.brakes import BrakeState
 from kf_culler.config import Policy, Settings
 from kf_culler.cycle import Clock, CoderSeen, Cycle, CycleResult, Memory, NotebookResult, Observer, utcnow
 from kf_culler.kube.brakes import released_at
-from kf_culler.kube.cache import ClusterCache
+from kf_culler.kube.cache import ClusterCache, packed_pair, unpacked_pairs
 from kf_culler.kube.coder import CoderWriter
 from kf_culler.kube.istio import PolicyKeeper
 from kf_culler.kube.prober import ProberTokens
@@ -30,7 +30,8 @@ from kf_culler.plan import EVENT_CONTESTED, EVENT_ORPHAN, EventSpec
 from kf_culler.policy import policy_of, selects_workload
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.coder import CoderClient, CoderError
-from kf_culler.targets import CODER, target_of
+from kf_culler.targets import CODER, identity, target_of
+from kf_culler.targets.base import Item
 from kf_culler.targets.coder import coder_items, unread
 from kf_culler.targets.pairing import Orphan
 from kf_culler.timeutil import format_time
@@ -265,15 +266,25 @@ class Runner:
         cache = self.start_cache()
         resend = unsent_after(memory)
         cycle = self.build_cycle(memory, on_written=cache.record_notebook, resend=resend)
-        items = cache.snapshot()
-        listed = len(items)  # the cache's sessions, then Coder's
-        coder, coder_seen = self.coder_items(memory.coder)  # Coder's workspaces, listed now (`targets: [coder]`)
-        items += coder
-        kept: list[tuple[dict[str, Any], dict[str, Any] | None]] = \
-            [(identity(nb), None) for nb, _pod in items] if lean else list(items)
+        items: Iterable[Item]
+        if lean:  # the pairs encoded, decoded one at a time by the pass (its select phase)
+            packed, kept = cache.packed_pairs()
+            listed = len(packed)  # the cache's sessions, then Coder's
+            coder, coder_seen = self.coder_items(memory.coder)  # Coder's workspaces, listed now (`targets: [coder]`)
+            packed += [packed_pair(item) for item in coder]
+            kept += [(identity(nb), None) for nb, _pod in coder]
+            items = unpacked_pairs(packed)
+        else:
+            snapshot = cache.snapshot()
+            listed = len(snapshot)
+            coder, coder_seen = self.coder_items(memory.coder)
+            snapshot += coder
+            kept = list(snapshot)
+            items = snapshot
         del coder
         held = self._shards_held()
         result = cycle.run(items, lean)
+        del items
         if wait_events:
             result.wait_events()
         brake_state = self._keep_brakes(memory.brake_state, result)
@@ -424,16 +435,6 @@ class Runner:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
-
-
-def identity(session: dict[str, Any]) -> dict[str, Any]:
-    """What the runner reads of a session after a lean pass: its kind, and its name, namespace, uid and
-    resourceVersion (the records kept, the Events about orphaned pods, the namespaces with sessions)."""
-    meta = session.get("metadata")
-    meta = meta if isinstance(meta, dict) else {}
-    out: dict[str, Any] = {k: session[k] for k in ("apiVersion", "kind") if k in session}
-    out["metadata"] = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
-    return out
 
 
 def unsent_after(memory: Memory) -> tuple[NotebookResult, ...]:

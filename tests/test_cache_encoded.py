@@ -1,7 +1,7 @@
 """The watch cache keeps the targets' collections encoded and hands out decoded copies: a snapshot's objects are
 the reader's own (changing one changes nothing the cache holds), the snapshot it keeps for the Service checks
-holds none of the pairs it returned, and what the checks and metrics read is decoded as before. On the real API
-server."""
+holds none of the pairs it returned, a lean pass's pairs are encoded as they are paired, and what the checks and
+metrics read is decoded as before. On the real API server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from kubernetes import client
 
-from kf_culler.kube.cache import ClusterCache
+from kf_culler.kube.cache import ClusterCache, unpacked_pairs
 from kf_culler.local import objects as obj
 from kf_culler.model import STOP_ANNOTATION
 
@@ -54,6 +54,15 @@ def test_the_cache_keeps_bytes_and_every_reader_gets_its_own_objects(api: Any, n
         assert again["nb"][1] is not None and again["nb"][1]["status"]["phase"] == "Running"
         del nb["metadata"]["annotations"]["changed"]
         assert again["nb"][0] is not nb and again["nb"][0] == nb  # an equal copy
+
+        # A lean pass's pairs: each encoded as it is paired, with the sessions' identities in the same order.
+        packed, identities = cache.packed_pairs()
+        assert all(type(p) is bytes for p in packed) and cache.seen.paired == []
+        assert [ident["metadata"] for ident, pod in identities if pod is None] == [
+            {k: n["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion")} for n, _ in again.values()]
+        decoded = list(unpacked_pairs(packed))
+        assert packed == []  # let go of as they are decoded
+        assert {n["metadata"]["name"]: (n, p) for n, p in decoded} == again
 
         assert sorted(s["metadata"]["name"] for s in cache.sessions()) == ["nb", "off"]
         written = {**again["off"][0], "metadata": {**again["off"][0]["metadata"], "annotations": {"a": "b"}}}

@@ -1,7 +1,8 @@
 """A lean pass (`Cycle.run(items, lean=True)`, what `run`'s loop does) decides exactly as a full one, takes its
 items over, holds each notebook encoded from its select phase on, and lets go of each session once it acted on
 it: when a result is reported, no notebook object is held any more and no pod of a session reported before it,
-and the results keep no observations or probe calls. No cluster: the probes go to a loopback port where nothing
+and the results keep no observations or probe calls; its gather keeps each probe's answer and calls encoded
+from the moment they are complete. No cluster: the probes go to a loopback port where nothing
 listens (a connection refused is no signal)."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kf_culler.config import load_mapping
-from kf_culler.cycle import Cycle, NotebookResult
+from kf_culler.cycle import Cycle, NotebookResult, run_async
+from kf_culler.gather import Request, gather
 from kf_culler.local import objects as obj
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.timeutil import format_time
@@ -75,3 +77,24 @@ def test_a_lean_pass_decides_as_a_full_one_and_lets_go_of_each_notebook_once_act
     assert all(r.observations == {} and r.calls == [] for r in lean.results)
     assert [i for i in range(len(notebooks)) if _held(notebooks[i], notebooks)] == []
     assert [name for name in pods if _held(pods[name], pods)] == []
+
+
+def test_a_lean_gather_keeps_each_answer_encoded_and_reads_back_what_a_full_one_holds() -> None:
+    requests = [Request("team", f"nb-{i}", f"nb-{i}-0", "jupyter", False) for i in range(4)]
+    ops = SETTINGS.operations
+    full = run_async(gather(requests, ops, NOW))
+    lean = run_async(gather(requests, ops, NOW, pack=True))
+    keys = [("team", f"nb-{i}") for i in range(4)]
+    assert all(type(lean.packed[k]) is bytes for k in keys) and lean.observations == {} and lean.calls == {}
+    for k in keys:
+        observations, calls = lean.found(k)
+        assert observations.keys() == {"jupyter"} and "error" in observations["jupyter"]  # nothing listens there
+        assert observations == full.found(k)[0]
+        assert [(c.url, c.status, c.attempts) for c in calls] == [(c.url, c.status, c.attempts)
+                                                                   for c in full.found(k)[1]]
+        assert calls and all(c.error for c in calls)
+    lean.observations[keys[0]] = {"gpu": {"error": "no gpu answer"}}  # a bulk answer beside the probe's
+    assert lean.found(keys[0])[0] == {**full.found(keys[0])[0], "gpu": {"error": "no gpu answer"}}
+    assert lean.found(("team", "never")) == ({}, [])
+    lean.clear()
+    assert lean.packed == {} and lean.found(keys[0]) == ({}, [])

@@ -17,7 +17,7 @@ from kf_culler.metrics import Metrics
 from kf_culler.plan import EVENT_ORPHAN
 from kf_culler.runner import build_runner
 from kf_culler.service import instrument
-from kf_culler.targets.pairing import pair
+from kf_culler.targets.pairing import Orphan, pair, pairs
 
 
 def _nb(name: str, uid: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -86,6 +86,33 @@ def test_a_renumbered_statefulsets_gpu_pod_is_the_notebooks_and_a_decoy_claiming
 
 
 @pytest.mark.cluster
+class _Reads(dict[tuple[str, str], dict[str, Any]]):
+    """A collection that counts the objects read from it (an encoded cache decodes each read)."""
+
+    reads = 0
+
+    def __getitem__(self, key: tuple[str, str]) -> dict[str, Any]:
+        self.reads += 1
+        return super().__getitem__(key)
+
+
+def test_the_pairs_are_made_one_at_a_time_as_they_are_read() -> None:
+    notebooks = _Reads({("ns", f"nb{i}"): _nb(f"nb{i}", f"u{i}") for i in range(5)})
+    sts = {("ns", f"nb{i}"): _owned(f"nb{i}", "Notebook", f"nb{i}", f"u{i}") for i in range(5)}
+    pods = _Reads({("ns", f"nb{i}-0"): _owned(f"nb{i}-0", "StatefulSet", f"nb{i}", f"uid-nb{i}") for i in range(5)})
+    pods[("ns", "nb4-0")] = _owned("nb4-0", "StatefulSet", "other", "uid-other")  # nb4's own StatefulSet does not
+    orphans: list[Orphan] = []
+    made = pairs(notebooks, sts, pods, orphans)
+    first = next(made)
+    assert first[0]["metadata"]["name"] == "nb0" and first[1] is not None
+    assert notebooks.reads == 1  # the other notebooks not yet read
+    assert pods.reads == 5 + 1  # each pod read once for the index of members, then nb0's
+    rest = list(made)
+    assert [nb["metadata"]["name"] for nb, _ in rest] == ["nb1", "nb2", "nb3", "nb4"] and rest[-1][1] is None
+    assert [(o.notebook, o.why) for o in orphans] == [("nb4", "the pod is not controlled by the StatefulSet nb4")]
+    assert notebooks.reads == 5
+
+
 def test_a_gpu_pod_taken_from_its_statefulset_is_reported_once(api: Any, namespace: str) -> None:
     """A user relabels their GPU pod off the StatefulSet (here: the pod has no controller): the notebook has no
     running pod of its own (`starting`), the pod is reported with a Warning Event once and counted by the

@@ -24,7 +24,8 @@ from typing import Any
 from kf_culler.config import GPU_MODEL_LABEL
 from kf_culler.kube.liststream import list_items
 from kf_culler.memory import release
-from kf_culler.targets import TARGETS, Scope, Seen, Target, Watched, kind_of, target_of
+from kf_culler.targets import TARGETS, Scope, Seen, Target, Watched, identity, kind_of, target_of
+from kf_culler.targets.base import Item
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -87,6 +88,27 @@ class _Decoded(Mapping[Key, dict[str, Any]]):
 
     def __len__(self) -> int:
         return len(self._raw)
+
+
+def packed_pair(item: Item) -> bytes:
+    """A session and its pod as one `marshal` bytes (`packed_pairs`); `unpacked_pair` decodes it. What the cache
+    decoded can always be encoded again (a projection never nests deeper than what it projects, and marshal takes
+    twice the depth Python's JSON decoder does)."""
+    return marshal.dumps(item)
+
+
+def unpacked_pair(raw: bytes) -> Item:
+    nb, pod = marshal.loads(raw)
+    assert isinstance(nb, dict) and (pod is None or isinstance(pod, dict))
+    return nb, pod
+
+
+def unpacked_pairs(items: list[bytes]) -> Iterator[Item]:
+    """The pairs of `packed_pairs` decoded one at a time, in order, each let go of by `items` as it is given: the
+    list is empty once read to its end."""
+    items.reverse()
+    while items:
+        yield unpacked_pair(items.pop())
 
 
 def decoded(raw: bytes) -> dict[str, Any]:
@@ -411,16 +433,42 @@ class ClusterCache:
         pair them (`Target.pair`), decoded for the caller; the pods that look like a session's but that its stop
         cannot reach are kept in `orphans` until the next snapshot. The snapshot kept for the Service checks and
         endpoints (`seen`) reads the collections encoded, and keeps none of the pairs it returned."""
+        items: list[Item] = []
+        self._pair(items.append, lambda item: item)
+        return items
+
+    def packed_pairs(self) -> tuple[list[bytes], list[Item]]:
+        """`snapshot` for a lean pass (kf_culler/cycle.py `unpacked_pairs`): each pair encoded as its target pairs it
+        (`packed_pair`), so that no more than a pair is held decoded at once where a target pairs one at a time (a
+        Notebook's); and each session's identity (kf_culler/targets/ `identity`), in the same order, with no pod."""
+        items: list[bytes] = []
+        identities: list[Item] = []
+
+        def keep(item: Item) -> Item:
+            items.append(packed_pair(item))
+            kept: Item = (identity(item[0]), None)
+            identities.append(kept)
+            return kept
+
+        self._pair(None, keep)
+        return items, identities
+
+    def _pair(self, out: Callable[[Item], None] | None, keep: Callable[[Item], Item]) -> None:
+        """Pair every target's sessions, each given to `keep` as it is paired (what it returns is what the targets
+        paired after it read in `seen.paired`) and then to `out`."""
         self.seen = Seen(now=self._now)  # the last snapshot's indexes go before this one's are made
         seen = Seen({name: _Decoded(self._raw(name)) for name in self.collections}, now=self._now)
         orphans: list[Any] = []
         for t in self.targets:
             paired = t.pair(seen)
-            seen.paired += paired.items
-            orphans += paired.orphans
-        items, seen.paired = seen.paired, []
+            for item in paired.items:  # a pairing may make them as they are read
+                kept = keep(item)
+                seen.paired.append(kept)
+                if out is not None:
+                    out(item)
+            orphans += paired.orphans  # all known once every item is read
+        seen.paired = []
         self.seen, self.orphans = seen, orphans
-        return items
 
     def sessions(self) -> Iterator[dict[str, Any]]:
         """Every object in the configured targets' own collections (their sessions, unpaired), as the cache holds

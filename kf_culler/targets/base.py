@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -84,9 +84,10 @@ class Seen:
 
 class Pairing(NamedTuple):
     """A target's sessions with their pods, sorted, and the pods that look like a session's but that its stop
-    cannot reach (kf_culler/targets/pairing.py `Orphan`)."""
+    cannot reach (kf_culler/targets/pairing.py `Orphan`). `items` may be made as it is read (a Notebook's pairing):
+    `orphans` is then complete once every item is read."""
 
-    items: list[Item]
+    items: Iterable[Item]
     orphans: Sequence[Any] = ()
 
 
@@ -234,6 +235,16 @@ def controller_of(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
         if isinstance(ref, dict) and ref.get("controller") is True:
             return str(ref.get("kind")), str(ref.get("name")), str(ref.get("uid"))
     return None
+
+
+def identity(session: Mapping[str, Any]) -> dict[str, Any]:
+    """What is read of a session once a lean pass has it (kf_culler/runner.py, kf_culler/kube/cache.py): its
+    apiVersion, kind, and its name, namespace, uid and resourceVersion (the records kept, the Events about orphaned
+    pods, the namespaces with sessions, the workloads' pairing after the sessions paired before them)."""
+    meta = _dict(session.get("metadata"))
+    out: dict[str, Any] = {k: session[k] for k in ("apiVersion", "kind") if k in session}
+    out["metadata"] = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    return out
 
 
 def uid_of(obj: Mapping[str, Any]) -> str:

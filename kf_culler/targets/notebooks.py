@@ -11,7 +11,7 @@ from typing import Any
 from kf_culler.model import KEEP_UNTIL_ANNOTATION, STOP_ANNOTATION
 from kf_culler.targets.base import BARE_KIND, Pairing, Scope, Seen, Target, Watched, _dict
 from kf_culler.targets.fields import SERVICES, STATEFULSET_PODS, STATEFULSETS_METADATA, template_fields
-from kf_culler.targets.pairing import named_service_address, pair, service_problem
+from kf_culler.targets.pairing import Orphan, named_service_address, pairs, service_problem
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,10 @@ class NotebookTarget(Target):
                 STATEFULSETS_METADATA, STATEFULSET_PODS, SERVICES)
 
     def pair(self, seen: Seen) -> Pairing:
-        """Every Notebook with the pod its StatefulSet `<name>` controls (kf_culler/targets/pairing.py)."""
-        items, orphans = pair(seen[self.plural], seen["statefulsets"], seen["pods"])
-        return Pairing(items, orphans)
+        """Every Notebook with the pod its StatefulSet `<name>` controls (kf_culler/targets/pairing.py), made as they
+        are read; the orphans are all known once every pair is read."""
+        orphans: list[Orphan] = []
+        return Pairing(pairs(seen[self.plural], seen["statefulsets"], seen["pods"], orphans), orphans)
 
     def service_problem(self, session: Mapping[str, Any], seen: Seen) -> str | None:
         meta = _dict(session.get("metadata"))

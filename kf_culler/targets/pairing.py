@@ -21,7 +21,7 @@ import contextlib
 import ipaddress
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,26 +82,37 @@ def pair(notebooks: Mapping[Key, dict[str, Any]], statefulsets: Mapping[Key, dic
          pods: Mapping[Key, dict[str, Any]]) -> tuple[list[tuple[dict[str, Any], dict[str, Any] | None]], list[Orphan]]:
     """Every notebook (sorted) with its pod, or None; and the pods named `<name>-0` that a stop would not
     remove (`Orphan`)."""
-    out: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     orphans: list[Orphan] = []
-    members: dict[tuple[str, str], list[dict[str, Any]]] = {}  # by (namespace, controlling StatefulSet's uid)
-    for (ns, pod_name), member in pods.items():
-        ref = controller_of(member)
+    return list(pairs(notebooks, statefulsets, pods, orphans)), orphans
+
+
+def pairs(notebooks: Mapping[Key, dict[str, Any]], statefulsets: Mapping[Key, dict[str, Any]],
+          pods: Mapping[Key, dict[str, Any]], orphans: list[Orphan]) -> Iterator[tuple[dict[str, Any],
+                                                                                     dict[str, Any] | None]]:
+    """`pair`, one notebook at a time, each read from `notebooks` (and its pod from `pods`) when its turn comes, so
+    that a reader of an encoded cache (kf_culler/kube/cache.py) holds decoded only the pairs it has not let go of;
+    the orphans are added to `orphans` as they are found (all of them once every pair is read)."""
+    members: dict[tuple[str, str], list[Key]] = {}  # by (namespace, controlling StatefulSet's uid): pod keys
+    for key in pods:
+        ns, pod_name = key
+        ref = controller_of(pods[key])
         if ref is not None and ref[0] == "StatefulSet" and pod_name.startswith(f"{ref[1]}-") \
                 and _MEMBER.match(pod_name, len(ref[1])) is not None:
-            members.setdefault((ns, ref[2]), []).append(member)
+            members.setdefault((ns, ref[2]), []).append(key)
     for key in sorted(notebooks):
         nb = notebooks[key]
         ns, name = key
         sts = statefulsets.get(key)
-        own = [p for p in members.get((ns, _uid(sts)), []) if controller_of(p) == ("StatefulSet", name, _uid(sts))] \
+        candidates = [pods[k] for k in members.get((ns, _uid(sts)), [])] if sts is not None else []
+        own = [p for p in candidates if controller_of(p) == ("StatefulSet", name, _uid(sts))] \
             if sts is not None else []
+        del candidates
         if own:
-            out.append((nb, _holding(own)))
+            yield nb, _holding(own)
             continue
         pod = pods.get((ns, f"{name}-0"))
         if pod is None:
-            out.append((nb, None))
+            yield nb, None
             continue
         why = None
         if sts is None:
@@ -109,11 +120,10 @@ def pair(notebooks: Mapping[Key, dict[str, Any]], statefulsets: Mapping[Key, dic
         elif controller_of(pod) != ("StatefulSet", name, _uid(sts)):
             why = f"the pod is not controlled by the StatefulSet {name}"
         if why is None:
-            out.append((nb, pod))
+            yield nb, pod
         else:
-            out.append((nb, None))
             orphans.append(Orphan(ns, name, pod, why))
-    return out, orphans
+            yield nb, None
 
 
 def cluster_ip(service: Mapping[str, Any] | None) -> str | None:
