@@ -170,12 +170,46 @@ class Selection:
     the gather's requests, and the sessions whose IDE is not probed — its URL untrusted (source, why) or its signal
     carried with its listing (source, raw answer)."""
 
-    # (session, its selection); a lean pass holds each session encoded (`packed`) until it acts on it
-    chosen: list[tuple[dict[str, Any] | bytes, Selected]] = field(default_factory=list)
+    chosen: list[Chosen] = field(default_factory=list)
     pre: dict[SessionKey, Verdict] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     untrusted: dict[SessionKey, tuple[str, str]] = field(default_factory=dict)
     carried: dict[SessionKey, tuple[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A session chosen by the select phase, as the pass holds it until it judges it: the session (a lean pass holds
+    it encoded, `packed`), its selection, and in a lean pass its pod encoded, which the selection's view then does
+    not hold (`selected` puts it back)."""
+
+    session: dict[str, Any] | bytes
+    sel: Selected
+    pod: bytes | None = None
+
+    @classmethod
+    def of(cls, session: dict[str, Any], sel: Selected, lean: bool) -> Chosen:
+        pod = sel.view.pod
+        if not lean:
+            return cls(session, sel)
+        if pod is None:
+            return cls(packed(session), sel)
+        try:
+            raw = marshal.dumps(pod)
+        except ValueError:
+            return cls(packed(session), sel)
+        return cls(packed(session), dataclasses.replace(sel, view=dataclasses.replace(sel.view, pod=None)), raw)
+
+    def selected(self) -> Selected:
+        """The selection with its view's pod."""
+        return with_pod(self.sel, self.pod)
+
+
+def with_pod(sel: Selected, pod: bytes | None) -> Selected:
+    """`sel` with the pod a lean pass held encoded put back in its view (`sel` itself when it held none)."""
+    if pod is None:
+        return sel
+    return dataclasses.replace(sel, view=dataclasses.replace(sel.view, pod=decoded(pod)))
 
 
 def packed(session: dict[str, Any]) -> dict[str, Any] | bytes:
@@ -196,7 +230,7 @@ def unpacked(session: dict[str, Any] | bytes) -> dict[str, Any]:
 class Judged:
     """A notebook with its verdict, between deciding and writing. `held`: the actions the brakes took back
     in this pass (a re-plan after a conflict must not bring them back), and why. `session`: the notebook, or in a
-    lean pass its encoded form (`nb` decodes it)."""
+    lean pass its encoded form (`nb` decodes it), and in a lean pass its pod encoded (`pod`)."""
 
     session: dict[str, Any] | bytes
     sel: Selected
@@ -204,6 +238,7 @@ class Judged:
     found: Found | bytes  # its observations and probe calls; a lean pass holds them encoded (`found_now` decodes)
     held: frozenset[str] = frozenset()
     why: str = ""
+    pod: bytes | None = None  # a lean pass's: the pod encoded, which `sel`'s view then does not hold (`Chosen`)
 
     @property
     def nb(self) -> dict[str, Any]:
@@ -373,7 +408,7 @@ class Cycle:
     def _select_all(self, items: Iterable[Item], started: datetime, lean: bool = False) -> Selection:
         """Select: the sessions of this pass (in scope, chosen by a policy), the verdict of those that need no probe
         (stopped, exempt, ...), and what to ask about the others: a request each, or why its IDE is not probed.
-        `lean`: each session chosen is held encoded (`packed`)."""
+        `lean`: each session chosen is held encoded, and its pod (`Chosen`)."""
         out = Selection()
         for nb, pod in items:
             if not self.in_scope(nb):
@@ -383,7 +418,7 @@ class Cycle:
                 sel = self.select(nb, pod, started)
                 if sel is None:
                     continue
-                out.chosen.append((packed(nb) if lean else nb, sel))
+                out.chosen.append(Chosen.of(nb, sel, lean))
                 verdict = decide_view(sel.view, {}, sel.policy, started)
             except InputError as err:
                 log.warning("skipping %s/%s: %s", *key, err)
@@ -456,9 +491,10 @@ class Cycle:
         """Judge: each chosen session's verdict, from what the gather found or its pre-probe verdict. `lean`: each
         Judged holds its observations and calls encoded (`packed_found`)."""
         judged: list[Judged] = []
-        for nb, sel in selection.chosen:
+        for chosen in selection.chosen:
+            sel = chosen.sel
             try:
-                j = self._judge(nb, sel, selection.pre, gathered, now, lean)
+                j = self._judge(chosen, selection.pre, gathered, now, lean)
             except Exception:  # isolate per notebook: one failure never stops the sweep
                 log.exception("skipping %s/%s: deciding it failed", *sel.key)
                 continue
@@ -466,9 +502,10 @@ class Cycle:
                 judged.append(j)
         return judged
 
-    def _judge(self, nb: dict[str, Any] | bytes, sel: Selected, pre: dict[SessionKey, Verdict], gathered: Gathered,
-               now: datetime, lean: bool = False) -> Judged | None:
+    def _judge(self, chosen: Chosen, pre: dict[SessionKey, Verdict], gathered: Gathered, now: datetime,
+               lean: bool = False) -> Judged | None:
         """The notebook's verdict from what the gather found (or from its pre-probe verdict)."""
+        nb, sel = chosen.session, chosen.selected()
         view, key = sel.view, sel.key
         observations, calls = gathered.found(key)
         if self.on_observed is not None and key not in pre:
@@ -484,7 +521,7 @@ class Cycle:
             held = gathered.packed.get(key)
             found = held if isinstance(held, bytes) and key not in gathered.observations \
                 else packed_found(observations, calls)
-        return Judged(nb, sel, verdict, found)
+        return Judged(nb, chosen.sel, verdict, found, pod=chosen.pod)
 
     def _brake(self, judged: list[Judged], now: datetime) -> Outcome | None:
         """The brakes over the whole pass's verdicts (kf_culler/brakes.py): held and deferred stops, and
@@ -796,7 +833,7 @@ class Cycle:
         written goes on `undo`, and the notebook on `settled` once that is checked."""
         sel, verdict, (observations, calls) = j.sel, j.verdict, j.found_now()
         view, policy = sel.view, sel.policy
-        (ns, name), pod = sel.key, view.pod
+        (ns, name), pod = sel.key, view.pod if j.pod is None else decoded(j.pod)
         stype = view.server_type
         with self.tracer.start_as_current_span("kf_culler.session") as span:
             span.set_attributes({"k8s.namespace.name": ns, "kf_culler.session": name,

@@ -1,6 +1,6 @@
 """A lean pass (`Cycle.run(items, lean=True)`, what `run`'s loop does) decides exactly as a full one, takes its
-items over, holds each notebook encoded from its select phase on, and lets go of each session once it acted on
-it: when a result is reported, no notebook object is held any more and no pod of a session reported before it,
+items over, holds each notebook and its pod encoded from its select phase on, and lets go of each session once it
+acted on it: when a result is reported, no notebook or pod object is held, nor any session reported before it,
 and the results keep no observations or probe calls; its gather keeps each probe's answer and calls encoded
 from the moment they are complete. No cluster: the probes go to a loopback port where nothing
 listens (a connection refused is no signal)."""
@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kf_culler.config import load_mapping
-from kf_culler.cycle import Cycle, NotebookResult, run_async
+from kf_culler.cycle import Cycle, Judged, NotebookResult, run_async
 from kf_culler.gather import Request, gather
 from kf_culler.local import objects as obj
 from kf_culler.model import STOP_ANNOTATION
@@ -57,23 +57,24 @@ def test_a_lean_pass_decides_as_a_full_one_and_lets_go_of_each_notebook_once_act
     items = _items(6)
     notebooks = [nb for nb, _pod in items]
     pods = {nb["metadata"]["name"]: pod for nb, pod in items if pod is not None}
-    # (name, its observations given, notebook objects held by the pass, pods of earlier sessions held, pods held)
-    seen: list[tuple[str, bool, int, list[str], int]] = []
+    # (name, its observations given, notebook objects held by the pass, pod objects held, sessions judged and not
+    # yet let go of)
+    seen: list[tuple[str, bool, int, int, int]] = []
 
     def on_result(r: NotebookResult) -> None:
-        earlier = [name for name, *_ in seen if name in pods and _held(pods[name], pods)]
         held_notebooks = [i for i in range(len(notebooks)) if _held(notebooks[i], notebooks)]
         held_pods = [name for name in pods if _held(pods[name], pods)]
-        seen.append((r.name, bool(r.observations) or r.verdict.state == "stopped", len(held_notebooks), earlier,
-                     len(held_pods)))
+        judged = sum(1 for o in gc.get_objects() if isinstance(o, Judged))
+        seen.append((r.name, bool(r.observations) or r.verdict.state == "stopped", len(held_notebooks),
+                     len(held_pods), judged))
 
     lean = Cycle(SETTINGS, clock=lambda: NOW, on_result=on_result).run(items, lean=True)
     assert items == []  # taken over
     assert _verdicts(lean.results) == _verdicts(full.results)
     assert [(name, given) for name, given, *_ in seen] == [(f"nb-{i}", True) for i in range(6)]
-    assert all(held == 0 for _, _, held, _, _ in seen), seen  # encoded since the select phase
-    assert all(earlier == [] for *_, earlier, _ in seen), seen  # each session let go once acted on
-    assert seen[0][4] == 5  # ...and not before: every pod is held until its session is acted on
+    assert all(held == 0 for _, _, held, *_ in seen), seen  # encoded since the select phase
+    assert all(pods_held == 0 for *_, pods_held, _ in seen), seen  # the pods too
+    assert [judged for *_, judged in seen] == [6, 5, 4, 3, 2, 1]  # each session let go of once acted on, not before
     assert all(r.observations == {} and r.calls == [] for r in lean.results)
     assert [i for i in range(len(notebooks)) if _held(notebooks[i], notebooks)] == []
     assert [name for name in pods if _held(pods[name], pods)] == []
