@@ -20,6 +20,7 @@ from kf_culler.targets import (
     Scope,
     Seen,
     Watched,
+    identity,
     session_key,
 )
 from kf_culler.targets.coder import WORKSPACE_ID_LABEL
@@ -160,15 +161,18 @@ def seen_of(targets: list[Any], project: bool) -> Seen:
     return Seen(collections, now=lambda name, key: collections.get(name, {}).get(key))
 
 
-def readings(targets: list[Any], project: bool) -> dict[str, Any]:
+def readings(targets: list[Any], project: bool, identities: bool = False) -> dict[str, Any]:
+    """What the targets read; `identities`: the sessions paired before a target are given to it as a lean pass's
+    cache gives them (kf_culler/kube/cache.py `packed_pairs`: their identity alone)."""
     seen = seen_of(targets, project)
     out: dict[str, Any] = {"pairs": [], "orphans": [], "services": {}, "endpoints": {}, "tampered": {},
                            "stopped": {}, "controls": {}, "addresses": {}}
     for t in targets:
         paired = t.pair(seen)
-        seen.paired += paired.items
+        items = list(paired.items)  # a pairing may make them as they are read
+        seen.paired += [(identity(nb), None) for nb, _ in items] if identities else items
         out["orphans"] += [(o.namespace, o.notebook, o.why, o.pod["metadata"]["name"]) for o in paired.orphans]
-        for session, found in paired.items:
+        for session, found in items:
             key = str(session_key(session))
             out["pairs"].append((key, None if found is None else found["metadata"]["name"]))
             out["services"][key] = t.service_problem(session, seen)
@@ -187,6 +191,14 @@ def test_the_targets_read_the_same_on_the_projections_as_on_the_whole_objects(na
     whole, kept = readings(targets, project=False), readings(targets, project=True)
     assert kept == whole
     assert whole["pairs"], "the fleet has sessions of every target asked"
+
+
+def test_a_lean_pass_pairs_the_same_sessions_from_the_identities_of_those_paired_before() -> None:
+    targets = [t for name, t in TARGETS.items() if name in ("notebooks", "workspaces", "workloads")]
+    whole, lean = readings(targets, project=True), readings(targets, project=True, identities=True)
+    assert lean == whole
+    assert "team/nb" in dict(whole["pairs"]) and any(key.startswith("team/StatefulSet/") for key, _ in whole["pairs"])
+    assert "team/StatefulSet/nb" not in dict(whole["pairs"])  # the Notebook's own StatefulSet is no workload
 
 
 def test_the_fleet_covers_what_pairing_decides() -> None:
