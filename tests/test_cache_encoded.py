@@ -46,6 +46,19 @@ def test_the_cache_keeps_bytes_and_every_reader_gets_its_own_objects(api: Any, n
         assert nb["metadata"]["uid"] == made["metadata"]["uid"]
         assert cache.service_problem(nb) is None  # the Service, looked up encoded, decoded for the check
         assert cache.service_address(nb) is not None
+        # Read for its check then for its address, a Service is decoded once while the cache holds the same bytes.
+        key = (namespace, "nb")
+        svc = cache.seen.now("services", key)
+        assert svc is not None and cache.seen.now("services", key) is svc
+        client.CoreV1Api(api).patch_namespaced_service("nb", namespace, {"spec": {"selector": {"statefulset": "x"}}})
+        deadline = time.monotonic() + 10
+        while ((cache.seen.now("services", key) or {}).get("spec") or {}).get("selector") != {"statefulset": "x"} \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        changed = cache.seen.now("services", key)
+        assert changed is not None and changed is not svc and changed["spec"]["selector"] == {"statefulset": "x"}
+        assert "does not select" in str(cache.service_problem(nb))  # read as the cache has it now
+        client.CoreV1Api(api).patch_namespaced_service("nb", namespace, {"spec": {"selector": {"statefulset": "nb"}}})
 
         nb["metadata"]["annotations"]["changed"] = "by the reader"
         pod["status"]["phase"] = "Failed"

@@ -370,6 +370,7 @@ class ClusterCache:
         # notebook's template as before, and the culler says so once.
         self.nodes = _Collection("nodes", _lister(api_client, "/api/v1/nodes"), self.stop_event, slim=_slim_node,
                                  optional=True)
+        self._last_read: tuple[bytes, dict[str, Any]] | None = None  # `_now`'s last object, as bytes and decoded
         self.seen = Seen(now=self._now)  # the last snapshot, for the Service checks and endpoints
         self.orphans: list[Any] = []  # pods named like a session's that its stop cannot reach (`Pairing.orphans`)
         self._started = False
@@ -422,11 +423,21 @@ class ClusterCache:
         return {k: decoded(v) for k, v in self._raw(name).items()}
 
     def _now(self, name: str, key: Key) -> dict[str, Any] | None:
+        """An object as the cache holds it now (`Seen.now`: the Service checks, the endpoints), decoded; the object
+        last read is decoded again only when the cache holds other bytes for it since (a session's Service is read
+        for its check, then for its address). Its readers only read it."""
         found = None
         for c in self.collections.get(name, []):
             with c.lock:
                 found = c.objects.get(key, found)
-        return None if found is None else decoded(found)
+        if found is None:
+            return None
+        last = self._last_read
+        if last is not None and last[0] is found:
+            return last[1]
+        obj = decoded(found)
+        self._last_read = (found, obj)
+        return obj
 
     def snapshot(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
         """Every session of the configured targets with its pod (or None), each target's sorted, as the targets
