@@ -519,8 +519,7 @@ class Cycle:
         found: Found | bytes = (observations, calls)
         if lean and (observations or calls):  # as the gather encoded them when nothing was added to them
             held = gathered.packed.get(key)
-            found = held if isinstance(held, bytes) and key not in gathered.observations \
-                else packed_found(observations, calls)
+            found = held if held is not None and key not in gathered.observations else packed_found(observations, calls)
         return Judged(nb, chosen.sel, verdict, found, pod=chosen.pod)
 
     def _brake(self, judged: list[Judged], now: datetime) -> Outcome | None:

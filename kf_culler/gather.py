@@ -78,7 +78,7 @@ class Gathered:
     calls: dict[Key, list[Call]] = field(default_factory=dict)
     bulk_queries: int = 0
     slow: set[Key] = field(default_factory=set)  # notebooks whose probes took over SLOW_SECONDS
-    packed: dict[Key, Found | bytes] = field(default_factory=dict)
+    packed: dict[Key, bytes] = field(default_factory=dict)
 
     def found(self, key: Key) -> Found:
         """The session's observations and probe calls (empty when it was not probed)."""

@@ -91,9 +91,9 @@ class _Decoded(Mapping[Key, dict[str, Any]]):
 
 
 def packed_pair(item: Item) -> bytes:
-    """A session and its pod as one `marshal` bytes (`packed_pairs`); `unpacked_pair` decodes it. What the cache
-    decoded can always be encoded again (a projection never nests deeper than what it projects, and marshal takes
-    twice the depth Python's JSON decoder does)."""
+    """A session and its pod as one `marshal` bytes (`packed_pairs`, and Coder's workspaces beside them);
+    `unpacked_pair` decodes it. What was decoded from JSON can always be encoded again (marshal takes twice the
+    nesting Python's JSON decoder does, and a projection never nests deeper than what it projects)."""
     return marshal.dumps(item)
 
 
