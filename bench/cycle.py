@@ -108,6 +108,11 @@ def proc_stats(pid: int) -> dict[str, float]:
             "peakRssMiB": kib.get("VmHWM", 0) / 1024, "rssMiB": kib.get("VmRSS", 0) / 1024}
 
 
+def culler_env(pairs: list[str]) -> dict[str, str]:
+    """`--culler-env NAME=VALUE` arguments as the culler's extra environment."""
+    return dict(kv.split("=", 1) for kv in pairs)
+
+
 def own_peak_rss_mib() -> float:
     """This process's own peak RSS (VmHWM of its address space), in MiB. Not getrusage's ru_maxrss: on Linux
     that carries over the parent's peak from before the fork and exec (the bench process's, which made the
@@ -672,7 +677,7 @@ class Bench:
         spec.dump(spec_path)
         self.report = {"machine": {"cpus": os.cpu_count(), "memGiB": round(os.sysconf("SC_PAGE_SIZE")
                                    * os.sysconf("SC_PHYS_PAGES") / 2**30, 1), "loadAtStart": loadavg()},
-                       "spec": asdict(spec), "netns": netns}
+                       "spec": asdict(spec), "netns": netns, "cullerEnv": culler_env(a.culler_env)}
         classes = Counter(m.cls for m in members(spec))
         self.report["fleet"] = {**classes, "gpu": sum(1 for m in members(spec) if m.gpu),
                                 "codeServer": sum(1 for m in members(spec) if m.kind == "codeserver")}
@@ -750,7 +755,8 @@ class Bench:
             children[name] = self.start(name, [sys.executable, str(Path(__file__).resolve()), "--culler-child",
                                                str(self.dir / (f"params-{k}.json" if a.replicas > 1
                                                                else "params.json"))],
-                                        env={**os.environ, "MALLOC_ARENA_MAX": "2"})  # as the image sets it
+                                        env={**os.environ, "MALLOC_ARENA_MAX": "2",  # as the image sets it
+                                             **culler_env(a.culler_env)})
         limit = time.monotonic() + a.steady_minutes * 60 + 900
         while any(ch.poll() is None for ch in children.values()) and time.monotonic() < limit:
             time.sleep(1.0)
@@ -1044,10 +1050,17 @@ def main() -> int:
                         "its objects hold, the same objects encoded with marshal, and the CPU to decode them "
                         "(measuring holds memory of its own: such a run's peak RSS is not the culler's, measure it "
                         "in a run without)")
+    p.add_argument("--culler-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="set in the culler's environment (repeatable), e.g. to measure another memory allocator: "
+                        "--culler-env LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 "
+                        "--culler-env PYTHONMALLOC=malloc")
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--culler-child", help=argparse.SUPPRESS)
     a = p.parse_args()
+    bad = [kv for kv in a.culler_env if not kv.partition("=")[0] or "=" not in kv]
+    if bad:
+        p.error(f"--culler-env takes NAME=VALUE: {', '.join(bad)}")
     unknown = set(a.hostile_kinds.split(",")) - set(HOSTILE_KINDS)
     if unknown:
         p.error(f"unknown hostile kinds: {', '.join(sorted(unknown))}")
