@@ -23,7 +23,7 @@ import json
 import os
 import re
 from datetime import datetime, timezone
-from typing import Any, Optional, Tuple
+from typing import Any
 
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
@@ -53,7 +53,7 @@ def _float_env(name: str, default: float, low: float, high: float) -> float:
         return default
 
 
-def notebook_identity(base_url: str) -> Optional[Tuple[str, str, str]]:
+def notebook_identity(base_url: str) -> tuple[str, str, str] | None:
     """(namespace, name, the verdict API's resource) from NB_PREFIX, else from the server's base_url (Kubeflow
     makes them the same)."""
     for candidate in (os.environ.get("NB_PREFIX", ""), base_url):
@@ -64,7 +64,7 @@ def notebook_identity(base_url: str) -> Optional[Tuple[str, str, str]]:
     return None
 
 
-def _token() -> Optional[str]:
+def _token() -> str | None:
     try:
         with open(os.environ.get("KF_CULLER_TOKEN_FILE") or TOKEN_FILE, encoding="utf-8") as f:
             return f.read().strip()  # read every time: the kubelet rotates projected tokens
