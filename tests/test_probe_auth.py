@@ -18,13 +18,14 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from support.kind_culler import wait_for
 
 from kf_culler.config import AuthProxySettings, ConfigError, ProbeSettings, load_mapping
 from kf_culler.gather import Request, gather
@@ -451,18 +452,6 @@ def may_get_notebooks(api: Any, user: str, namespace: str) -> bool:
     return bool(review.status.allowed)
 
 
-def comes_to(ask: Callable[[], bool], expected: bool, timeout: float = 15.0) -> bool:
-    """Whether `ask()` gives `expected` within `timeout` seconds, asked every 0.2 s. The API server's RBAC
-    authorizer reads RoleBindings from its own watch cache, so a SubjectAccessReview sent right after one is written
-    may still answer as before it for a moment (a warm CI run once saw a RoleBinding just created not yet grant)."""
-    deadline = time.monotonic() + timeout
-    while ask() != expected:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 def token_may_get_notebooks(api: Any, token: str, namespace: str) -> bool:
     """Whoever holds `token` asks the API server whether they may get notebooks in `namespace`."""
     import copy
@@ -615,7 +604,10 @@ def test_probers_of_older_versions_are_left_unbound(kube: Any, api: Any, namespa
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": PREFIX},
             "subjects": [{"kind": "ServiceAccount", "name": old, "namespace": culler_ns}]})
         user = f"system:serviceaccount:{culler_ns}:{old}"
-        assert comes_to(lambda: may_get_notebooks(api, user, victim), True)  # before: the old prober opens it
+        # before: the old prober opens the victim's namespace. The API server's RBAC authorizer reads RoleBindings
+        # from its own watch cache, so a review sent right after one is written may answer as before it for a
+        # moment (a warm CI run once saw this one just created not yet grant): each answer is awaited.
+        wait_for("the old prober to open the victim's namespace", lambda: may_get_notebooks(api, user, victim), 15)
 
         prober = ProberTokens(AuthProxySettings(enabled=True, service_account=PREFIX), sa_api, culler_ns)
         got = prober.get([victim, other])
@@ -623,9 +615,10 @@ def test_probers_of_older_versions_are_left_unbound(kube: Any, api: Any, namespa
         for ns in (victim, other):
             assert subjects_naming(api, ns, old) == []
             assert subjects_naming(api, ns, prober_name(PREFIX, ns)) == [PREFIX]
-            assert comes_to(lambda: may_get_notebooks(api, user, ns), False)  # noqa: B023 (called here)
             new = f"system:serviceaccount:{culler_ns}:{prober_name(PREFIX, ns)}"
-            assert comes_to(lambda: may_get_notebooks(api, new, ns), True)  # noqa: B023
+            wait_for(f"the old prober to open {ns} no more",
+                     lambda: not may_get_notebooks(api, user, ns), 15)  # noqa: B023 (called here)
+            wait_for(f"{ns}'s own prober to open it", lambda: may_get_notebooks(api, new, ns), 15)  # noqa: B023
         assert prober_name(PREFIX, other) != old
         kept = core.read_namespaced_service_account(old, culler_ns)  # left as it was
         assert kept.metadata.annotations == {SERVES_ANNOTATION: victim}
