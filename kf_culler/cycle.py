@@ -34,7 +34,7 @@ from kf_culler.gather import (
     unpacked_found,
     url_for,
 )
-from kf_culler.kube.cache import decoded
+from kf_culler.kube.cache import Encoded, UnpackedPairs, decoded
 from kf_culler.kube.event_tail import EventTail
 from kf_culler.kube.prober import ProxyAuth
 from kf_culler.kube.records import RecordStore
@@ -188,17 +188,22 @@ class Chosen:
     pod: bytes | None = None
 
     @classmethod
-    def of(cls, session: dict[str, Any], sel: Selected, lean: bool) -> Chosen:
+    def of(cls, session: dict[str, Any], sel: Selected, lean: bool, encoded: Encoded | None = None) -> Chosen:
+        """`encoded`: the bytes the cache holds for the session and for the pod of `sel`'s view, which a lean pass
+        then holds instead of encoding them again (kf_culler/kube/cache.py `UnpackedPairs.encoded`)."""
         pod = sel.view.pod
         if not lean:
             return cls(session, sel)
+        held = encoded[0] if encoded is not None else packed(session)
         if pod is None:
-            return cls(packed(session), sel)
-        try:
-            raw = marshal.dumps(pod)
-        except ValueError:
-            return cls(packed(session), sel)
-        return cls(packed(session), dataclasses.replace(sel, view=dataclasses.replace(sel.view, pod=None)), raw)
+            return cls(held, sel)
+        raw = encoded[1] if encoded is not None else None
+        if raw is None:
+            try:
+                raw = marshal.dumps(pod)
+            except ValueError:
+                return cls(held, sel)
+        return cls(held, dataclasses.replace(sel, view=dataclasses.replace(sel.view, pod=None)), raw)
 
     def selected(self) -> Selected:
         """The selection with its view's pod."""
@@ -410,15 +415,19 @@ class Cycle:
         (stopped, exempt, ...), and what to ask about the others: a request each, or why its IDE is not probed.
         `lean`: each session chosen is held encoded, and its pod (`Chosen`)."""
         out = Selection()
+        reader = items if isinstance(items, UnpackedPairs) else None
         for nb, pod in items:
             if not self.in_scope(nb):
                 continue
             key = session_key(nb)  # (namespace, name); a Workspace's name is `Workspace/<name>`
+            encoded = reader.encoded if reader is not None else None
             try:
                 sel = self.select(nb, pod, started)
                 if sel is None:
                     continue
-                out.chosen.append(Chosen.of(nb, sel, lean))
+                if encoded is not None and sel.view.pod is not pod:
+                    encoded = (encoded[0], None)
+                out.chosen.append(Chosen.of(nb, sel, lean, encoded))
                 verdict = decide_view(sel.view, {}, sel.policy, started)
             except InputError as err:
                 log.warning("skipping %s/%s: %s", *key, err)

@@ -267,7 +267,7 @@ class Runner:
         resend = unsent_after(memory)
         cycle = self.build_cycle(memory, on_written=cache.record_notebook, resend=resend)
         items: Iterable[Item]
-        if lean:  # the pairs encoded, decoded one at a time by the pass (its select phase)
+        if lean:  # the pairs as the cache holds them encoded, decoded one at a time by the pass (its select phase)
             packed, kept = cache.packed_pairs()
             listed = len(packed)  # the cache's sessions, then Coder's
             coder, coder_seen = self.coder_items(memory.coder)  # Coder's workspaces, listed now (`targets: [coder]`)

@@ -68,13 +68,23 @@ def test_the_cache_keeps_bytes_and_every_reader_gets_its_own_objects(api: Any, n
         del nb["metadata"]["annotations"]["changed"]
         assert again["nb"][0] is not nb and again["nb"][0] == nb  # an equal copy
 
-        # A lean pass's pairs: each encoded as it is paired, with the sessions' identities in the same order.
+        # A lean pass's pairs: each held as the very bytes the cache holds for its notebook and pod (no copy), with
+        # the sessions' identities in the same order.
         packed, identities = cache.packed_pairs()
-        assert all(type(p) is bytes for p in packed) and cache.seen.paired == []
+        assert cache.seen.paired == []
+        held = {k: v for name in ("notebooks", "pods") for c in cache.collections[name] for k, v in c.objects.items()}
+        assert [(type(p), tuple(type(x) for x in p)) for p in packed] == [
+            (tuple, (bytes, bytes)), (tuple, (bytes, type(None)))]  # nb with its pod, off without one
+        assert packed[0][0] is held[(namespace, "nb")] and packed[0][1] is held[(namespace, "nb-0")]
+        assert packed[1][0] is held[(namespace, "off")]
         assert [ident["metadata"] for ident, pod in identities if pod is None] == [
             {k: n["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion")} for n, _ in again.values()]
-        decoded = list(unpacked_pairs(packed))
-        assert packed == []  # let go of as they are decoded
+        first = (packed[0][0], packed[0][1])
+        reader = unpacked_pairs(packed)
+        decoded = [next(reader)]
+        assert reader.encoded == first and reader.encoded[0] is first[0]  # what the pass may hold instead
+        decoded += list(reader)
+        assert packed == [] and reader.encoded is None  # let go of as they are decoded
         assert {n["metadata"]["name"]: (n, p) for n, p in decoded} == again
 
         assert sorted(s["metadata"]["name"] for s in cache.sessions()) == ["nb", "off"]

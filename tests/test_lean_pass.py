@@ -8,6 +8,7 @@ listens (a connection refused is no signal)."""
 from __future__ import annotations
 
 import gc
+import marshal
 import types
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from kf_culler.config import load_mapping
 from kf_culler.cycle import Cycle, Judged, NotebookResult, run_async
 from kf_culler.gather import Request, gather
+from kf_culler.kube.cache import PackedPair, packed_pair, unpacked_pairs
 from kf_culler.local import objects as obj
 from kf_culler.model import STOP_ANNOTATION
 from kf_culler.timeutil import format_time
@@ -78,6 +80,24 @@ def test_a_lean_pass_decides_as_a_full_one_and_lets_go_of_each_notebook_once_act
     assert all(r.observations == {} and r.calls == [] for r in lean.results)
     assert [i for i in range(len(notebooks)) if _held(notebooks[i], notebooks)] == []
     assert [name for name in pods if _held(pods[name], pods)] == []
+
+
+def test_a_lean_pass_over_the_caches_bytes_holds_those_bytes_and_decides_as_a_full_one() -> None:
+    """The pairs as the cache gives a lean pass (kf_culler/kube/cache.py `UnpackedPairs`): each the bytes the cache
+    holds for its notebook and pod. The pass holds those very bytes from its select phase on (no encoded copy) and
+    decides as a full pass over the same objects; a pair the pass was given encoded whole is encoded for it."""
+    full = Cycle(SETTINGS, clock=lambda: NOW).run(_items(6))
+    raws: list[PackedPair] = [(marshal.dumps(nb), None if pod is None else marshal.dumps(pod)) for nb, pod in _items(6)]
+    raws[5] = packed_pair(_items(6)[5])  # as Coder's workspaces come, made by the runner
+    given = list(raws)
+    cycle = Cycle(SETTINGS, clock=lambda: NOW)
+    chosen = cycle._select_all(unpacked_pairs(list(raws)), NOW, lean=True).chosen
+    assert [c.session for c in chosen[:5]] == [r[0] for r in given[:5]]
+    assert all(c.session is r[0] and c.pod is r[1] for c, r in zip(chosen[:5], given, strict=False)), "copies held"
+    assert isinstance(chosen[5].session, bytes) and chosen[5].session not in given  # encoded for the pass
+    assert chosen[3].pod is None  # nb-3 has no pod
+    lean = Cycle(SETTINGS, clock=lambda: NOW).run(unpacked_pairs(raws), lean=True)
+    assert raws == [] and _verdicts(lean.results) == _verdicts(full.results)
 
 
 def test_a_lean_gather_keeps_each_answer_encoded_and_reads_back_what_a_full_one_holds() -> None:

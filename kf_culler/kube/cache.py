@@ -18,6 +18,7 @@ import marshal
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -66,19 +67,39 @@ def _key(obj: dict[str, Any]) -> Key:
 
 class _Decoded(Mapping[Key, dict[str, Any]]):
     """Encoded objects (`marshal`) read as objects: each read decodes a new copy, which its reader may change and
-    which is freed when its reader drops it."""
+    which is freed when its reader drops it. With `recent`, the last few copies are kept with the bytes they were
+    decoded from (`encoded_as`), so that a pairing's reader can hold the cache's own bytes for a pair instead of
+    encoding it again."""
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_raw", "_recent")
 
-    def __init__(self, raw: Mapping[Key, bytes]) -> None:
+    def __init__(self, raw: Mapping[Key, bytes], recent: int = 0) -> None:
         self._raw = raw
+        self._recent: deque[tuple[dict[str, Any], bytes]] | None = deque(maxlen=recent) if recent else None
+
+    def _decoded(self, raw: bytes) -> dict[str, Any]:
+        obj = decoded(raw)
+        if self._recent is not None:
+            self._recent.append((obj, raw))
+        return obj
 
     def __getitem__(self, key: Key) -> dict[str, Any]:
-        return decoded(self._raw[key])
+        return self._decoded(self._raw[key])
 
     def get(self, key: Key, default: Any = None) -> Any:
         raw = self._raw.get(key)
-        return default if raw is None else decoded(raw)
+        return default if raw is None else self._decoded(raw)
+
+    def encoded_as(self, obj: object) -> bytes | None:
+        """The bytes `obj` was decoded from, when it is one of the last few copies this mapping gave (the same
+        object, not an equal one); None otherwise."""
+        if self._recent is None:
+            return None
+        for i in range(len(self._recent) - 1, -1, -1):
+            held, raw = self._recent[i]
+            if held is obj:
+                return raw
+        return None
 
     def __contains__(self, key: object) -> bool:
         return key in self._raw
@@ -91,9 +112,10 @@ class _Decoded(Mapping[Key, dict[str, Any]]):
 
 
 def packed_pair(item: Item) -> bytes:
-    """A session and its pod as one `marshal` bytes (`packed_pairs`, and Coder's workspaces beside them);
-    `unpacked_pair` decodes it. What was decoded from JSON can always be encoded again (marshal takes twice the
-    nesting Python's JSON decoder does, and a projection never nests deeper than what it projects)."""
+    """A session and its pod as one `marshal` bytes (`packed_pairs` where a target made them itself, and Coder's
+    workspaces beside them); `unpacked_pair` decodes it. What was decoded from JSON can always be encoded again
+    (marshal takes twice the nesting Python's JSON decoder does, and a projection never nests deeper than what it
+    projects)."""
     return marshal.dumps(item)
 
 
@@ -103,12 +125,37 @@ def unpacked_pair(raw: bytes) -> Item:
     return nb, pod
 
 
-def unpacked_pairs(items: list[bytes]) -> Iterator[Item]:
-    """The pairs of `packed_pairs` decoded one at a time, in order, each let go of by `items` as it is given: the
-    list is empty once read to its end."""
-    items.reverse()
-    while items:
-        yield unpacked_pair(items.pop())
+# A session and its pod as the cache holds them encoded (the same bytes objects, not copies): (session, pod or None).
+Encoded = tuple[bytes, "bytes | None"]
+# A pair as `packed_pairs` gives it: the cache's own bytes of its session and pod, or one `packed_pair` bytes where
+# a target made the pair's objects itself.
+PackedPair = bytes | Encoded
+
+
+class UnpackedPairs(Iterator[Item]):
+    """The pairs of `packed_pairs` decoded one at a time, in order, each let go of by the list as it is given: the
+    list is empty once read to its end. `encoded` is the cache's bytes of the pair last given (the pass may hold
+    them instead of encoding the pair again), None when the pair was encoded for the pass."""
+
+    def __init__(self, items: list[PackedPair]) -> None:
+        items.reverse()
+        self._items = items
+        self.encoded: Encoded | None = None
+
+    def __next__(self) -> Item:
+        if not self._items:
+            self.encoded = None
+            raise StopIteration
+        entry = self._items.pop()
+        if isinstance(entry, bytes):
+            self.encoded = None
+            return unpacked_pair(entry)
+        self.encoded = entry
+        return decoded(entry[0]), None if entry[1] is None else decoded(entry[1])
+
+
+def unpacked_pairs(items: list[PackedPair]) -> UnpackedPairs:
+    return UnpackedPairs(items)
 
 
 def decoded(raw: bytes) -> dict[str, Any]:
@@ -116,6 +163,21 @@ def decoded(raw: bytes) -> dict[str, Any]:
     obj = marshal.loads(raw)  # the strings written interned (fields.py `shared`) are interned again
     assert isinstance(obj, dict)
     return obj
+
+
+# How many decoded objects of each collection a lean pass's pairing remembers the bytes of (`_Decoded.encoded_as`): a
+# Notebook's pairing decodes the notebook, then its StatefulSet's member pods, and gives the pair.
+PAIR_RECENT = 8
+
+
+def _encoded_as(seen: Seen, obj: dict[str, Any]) -> bytes | None:
+    """The bytes the cache holds for `obj` when it is an object one of `seen`'s collections just decoded."""
+    for collection in seen.collections.values():
+        if isinstance(collection, _Decoded):
+            raw = collection.encoded_as(obj)
+            if raw is not None:
+                return raw
+    return None
 
 
 class _Collection:
@@ -445,35 +507,41 @@ class ClusterCache:
         cannot reach are kept in `orphans` until the next snapshot. The snapshot kept for the Service checks and
         endpoints (`seen`) reads the collections encoded, and keeps none of the pairs it returned."""
         items: list[Item] = []
-        self._pair(items.append, lambda item: item)
+        self._pair(items.append, lambda item, _seen: item)
         return items
 
-    def packed_pairs(self) -> tuple[list[bytes], list[Item]]:
-        """`snapshot` for a lean pass (kf_culler/cycle.py `unpacked_pairs`): each pair encoded as its target pairs it
-        (`packed_pair`), so that no more than a pair is held decoded at once where a target pairs one at a time (a
-        Notebook's); and each session's identity (kf_culler/targets/ `identity`), in the same order, with no pod."""
-        items: list[bytes] = []
+    def packed_pairs(self) -> tuple[list[PackedPair], list[Item]]:
+        """`snapshot` for a lean pass (kf_culler/cycle.py, through `unpacked_pairs`): each pair as its target pairs
+        it, held as the bytes the cache holds for its session and pod (no copy: they were decoded from them, and a
+        pairing only reads), or encoded (`packed_pair`) where the target made its objects itself, so that no more
+        than a pair is held decoded at once where a target pairs one at a time (a Notebook's); and each session's
+        identity (kf_culler/targets/ `identity`), in the same order, with no pod."""
+        items: list[PackedPair] = []
         identities: list[Item] = []
 
-        def keep(item: Item) -> Item:
-            items.append(packed_pair(item))
-            kept: Item = (identity(item[0]), None)
+        def keep(item: Item, seen: Seen) -> Item:
+            nb, pod = item
+            raw = _encoded_as(seen, nb)
+            raw_pod = None if pod is None else _encoded_as(seen, pod)
+            items.append(packed_pair(item) if raw is None or (pod is not None and raw_pod is None) else (raw, raw_pod))
+            kept: Item = (identity(nb), None)
             identities.append(kept)
             return kept
 
-        self._pair(None, keep)
+        self._pair(None, keep, recent=PAIR_RECENT)
         return items, identities
 
-    def _pair(self, out: Callable[[Item], None] | None, keep: Callable[[Item], Item]) -> None:
+    def _pair(self, out: Callable[[Item], None] | None, keep: Callable[[Item, Seen], Item], recent: int = 0) -> None:
         """Pair every target's sessions, each given to `keep` as it is paired (what it returns is what the targets
-        paired after it read in `seen.paired`) and then to `out`."""
+        paired after it read in `seen.paired`) and then to `out`. `recent`: each collection remembers the bytes of
+        its last `recent` decoded objects (`_encoded_as`)."""
         self.seen = Seen(now=self._now)  # the last snapshot's indexes go before this one's are made
-        seen = Seen({name: _Decoded(self._raw(name)) for name in self.collections}, now=self._now)
+        seen = Seen({name: _Decoded(self._raw(name), recent) for name in self.collections}, now=self._now)
         orphans: list[Any] = []
         for t in self.targets:
             paired = t.pair(seen)
             for item in paired.items:  # a pairing may make them as they are read
-                kept = keep(item)
+                kept = keep(item, seen)
                 seen.paired.append(kept)
                 if out is not None:
                     out(item)
