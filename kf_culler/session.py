@@ -21,6 +21,22 @@ from kf_culler.timeutil import parse_time
 
 MAX_GPUS = 1 << 20  # a sum of huge requests stays a finite count
 
+# The sets of resource names views hold, one object each (a fleet asks for a handful: `cpu`, `memory`, a GPU), so
+# that a pass holding 10,000 views holds a few sets, not 10,000; at most SHARED_SETS of them, then new ones are
+# not shared (a tenant naming resources at random cannot grow it).
+SHARED_SETS = 256
+_shared_sets: dict[frozenset[str], frozenset[str]] = {}
+
+
+def shared_set(names: frozenset[str]) -> frozenset[str]:
+    """`names`, or the equal set already shared."""
+    found = _shared_sets.get(names)
+    if found is not None:
+        return found
+    if len(_shared_sets) < SHARED_SETS:
+        _shared_sets[names] = names
+    return names
+
 
 def as_dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
@@ -136,7 +152,7 @@ def requested_resources(notebook: dict[str, Any], pod: dict[str, Any] | None) ->
         res = as_dict(c.get("resources"))
         for kind in ("limits", "requests"):
             names.update(str(k) for k, v in as_dict(res.get(kind)).items() if _quantity(v) > 0)
-    return frozenset(names)
+    return shared_set(frozenset(names))
 
 
 def string_labels(obj: object) -> dict[str, str]:

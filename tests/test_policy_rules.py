@@ -121,6 +121,27 @@ rules:
     assert chosen(notebook(gpus=1), {}, s) == (60, "default")
 
 
+def test_views_share_their_resource_sets_and_a_tenant_cannot_grow_the_shared_ones() -> None:
+    """A pass holds thousands of views: equal sets of resource names are one object (kf_culler/session.py
+    `shared_set`), and no more than SHARED_SETS of them are kept, whatever names tenants give resources."""
+    from kf_culler import session
+
+    s = settings()
+    a, b = (SessionView.of(notebook(gpus=1), None, s.policy) for _ in range(2))
+    assert a.resources == frozenset({"cpu", "nvidia.com/gpu"}) and a.resources is b.resources
+    views = [SessionView.of(notebook(gpus=1, resource=f"example.com/r{i}"), None, s.policy)
+             for i in range(session.SHARED_SETS + 10)]
+    assert len(session._shared_sets) == session.SHARED_SETS
+    assert views[-1].resources == frozenset({"cpu", f"example.com/r{session.SHARED_SETS + 9}"})  # still read
+    assert chosen(notebook(gpus=1, resource="nvidia.com/mig-1g.5gb"), {}, settings("""
+gpuResources: [nvidia.com/mig-1g.5gb]
+rules:
+  - name: mig
+    match: {gpuResources: [nvidia.com/mig-1g.5gb]}
+    policy: {idleMinutes: 15}
+""")) == (15, "mig")  # a set past the shared ones still chooses its policy
+
+
 @pytest.mark.parametrize(("labels", "expected"), [
     ({"culler.example.com/tier": "course"}, "students"),  # In
     ({"culler.example.com/tier": "workshop"}, "students"),
