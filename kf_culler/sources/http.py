@@ -43,7 +43,7 @@ ISTIO_DENIED = ("HTTP 403 from the Istio sidecar (RBAC: access denied): kf-culle
                 "istio.manageAuthorizationPolicies")
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """What one GET did, for traces, metrics and `explain`."""
 
@@ -260,7 +260,6 @@ class Fetcher:
 
     settings: ProbeSettings
     idle_limit: int
-    calls: list[Call] = field(default_factory=list)
     idle: OrderedDict[PoolKey, list[_Connection]] = field(default_factory=OrderedDict)  # least recent first
     idle_count: int = 0
     _tls: ssl.SSLContext | None = None
@@ -334,7 +333,6 @@ class Fetcher:
         call.seconds = time.monotonic() - start
         if call.error is not None:
             result = {"error": call.error}
-        self.calls.append(call)
         return result, call
 
     async def _once(self, url: str, headers: dict[str, str] | None, call: Call, deadline: float) -> Any:
