@@ -98,6 +98,14 @@ class _ValueCount:
         return None
 
 
+class _NoCallbacks:
+    """The callbacks of the parser closed connections hold: none."""
+
+
+# The parser a connection holds once closed (`_Connection._let_go`): fed nothing, shared by all of them.
+_CLOSED = httptools.HttpResponseParser(_NoCallbacks())
+
+
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection to a notebook server, one GET at a time."""
 
@@ -164,10 +172,7 @@ class _Connection(asyncio.Protocol):
             self._fail(_Stale(f"connection closed before an answer{f': {exc}' if exc else ''}"[:300]))
         else:
             self._fail(Transient(f"connection closed in the middle of the answer{f': {exc}' if exc else ''}"[:300]))
-        # The parser and this protocol refer to each other, so they wait for the cycle collector: drop
-        # what the parser buffered (up to the header cap) and what was read now.
-        self.parser = httptools.HttpResponseParser(self)
-        self.chunks = []
+        self._let_go()
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -223,6 +228,15 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """A closed connection's parser is the shared one of closed connections: its own refers to this protocol
+        (its callbacks), and this protocol to it, so the two would otherwise wait for the cycle collector with
+        what the parser buffered (up to the header cap), and a pass closes thousands of connections between two
+        collections. Freed by reference counting once the transport lets go of the protocol."""
+        self.parser = _CLOSED
+        self.chunks = []
 
     async def get(self, request: bytes, deadline: float) -> Answer:
         """Send `request` and wait for its answer until `deadline` (the loop's clock): then TimeoutError, and the
