@@ -21,6 +21,7 @@ from opentelemetry import trace
 from kf_culler.brakes import BrakeLimits, BrakeState, Outcome, Seen, apply_brakes
 from kf_culler.config import GPU_MODEL_LABEL, Policy, Settings
 from kf_culler.decide import decide_view
+from kf_culler.frozen import replaced
 from kf_culler.gather import (
     DNS_LABEL,
     Found,
@@ -203,7 +204,7 @@ class Chosen:
                 raw = marshal.dumps(pod)
             except ValueError:
                 return cls(held, sel)
-        return cls(held, dataclasses.replace(sel, view=dataclasses.replace(sel.view, pod=None)), raw)
+        return cls(held, replaced(sel, view=replaced(sel.view, pod=None)), raw)
 
     def selected(self) -> Selected:
         """The selection with its view's pod."""
@@ -214,7 +215,7 @@ def with_pod(sel: Selected, pod: bytes | None) -> Selected:
     """`sel` with the pod a lean pass held encoded put back in its view (`sel` itself when it held none)."""
     if pod is None:
         return sel
-    return dataclasses.replace(sel, view=dataclasses.replace(sel.view, pod=decoded(pod)))
+    return replaced(sel, view=replaced(sel.view, pod=decoded(pod)))
 
 
 def packed(session: dict[str, Any]) -> dict[str, Any] | bytes:
@@ -346,8 +347,7 @@ class Cycle:
             return None
         record = self._record_of(nb, now)  # after gpuOnly: a notebook left out gets no record
         deadline = self.settings.operations.stop_deadline_seconds
-        return dataclasses.replace(sel, view=dataclasses.replace(sel.view, record=record,
-                                                                 stop_deadline_seconds=deadline))
+        return replaced(sel, view=replaced(sel.view, record=record, stop_deadline_seconds=deadline))
 
     def selection_context(self, namespace: str, pod: dict[str, Any] | None) -> dict[str, Any]:
         """What the policy choice read besides the notebook and its pod, as a replay trace keeps it
@@ -524,7 +524,7 @@ class Cycle:
         except InputError as err:
             log.warning("skipping %s/%s: %s", *key, err)
             return None
-        verdict = dataclasses.replace(verdict, policy_rule=sel.policy_rule)
+        verdict = replaced(verdict, policy_rule=sel.policy_rule)
         found: Found | bytes = (observations, calls)
         if lean and (observations or calls):  # as the gather encoded them when nothing was added to them
             held = gathered.packed.get(key)
