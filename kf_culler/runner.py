@@ -19,7 +19,7 @@ from kf_culler.brakes import BrakeState
 from kf_culler.config import Policy, Settings
 from kf_culler.cycle import Clock, CoderSeen, Cycle, CycleResult, Memory, NotebookResult, Observer, utcnow
 from kf_culler.kube.brakes import released_at
-from kf_culler.kube.cache import ClusterCache, packed_pair, unpacked_pairs
+from kf_culler.kube.cache import ClusterCache, Kept, identities, packed_pair, unpacked_pairs
 from kf_culler.kube.coder import CoderWriter
 from kf_culler.kube.istio import PolicyKeeper
 from kf_culler.kube.prober import ProberTokens
@@ -267,13 +267,15 @@ class Runner:
         resend = unsent_after(memory)
         cycle = self.build_cycle(memory, on_written=cache.record_notebook, resend=resend)
         items: Iterable[Item]
+        held_kept: list[Kept] = []
         if lean:  # the pairs as the cache holds them encoded, decoded one at a time by the pass (its select phase)
-            packed, kept = cache.packed_pairs()
+            packed, held_kept = cache.packed_pairs()
             listed = len(packed)  # the cache's sessions, then Coder's
             coder, coder_seen = self.coder_items(memory.coder)  # Coder's workspaces, listed now (`targets: [coder]`)
             packed += [packed_pair(item) for item in coder]
-            kept += [(identity(nb), None) for nb, _pod in coder]
+            held_kept += [(identity(nb), None) for nb, _pod in coder]
             items = unpacked_pairs(packed)
+            kept: list[Item] = []
         else:
             snapshot = cache.snapshot()
             listed = len(snapshot)
@@ -285,6 +287,8 @@ class Runner:
         held = self._shards_held()
         result = cycle.run(items, lean)
         del items
+        if lean:  # what is read of each session after the pass: its identity, decoded now
+            kept, held_kept = identities(held_kept), []
         if wait_events:
             result.wait_events()
         brake_state = self._keep_brakes(memory.brake_state, result)

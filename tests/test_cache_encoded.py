@@ -11,7 +11,7 @@ from typing import Any
 
 from kubernetes import client
 
-from kf_culler.kube.cache import ClusterCache, unpacked_pairs
+from kf_culler.kube.cache import ClusterCache, identities, unpacked_pairs
 from kf_culler.local import objects as obj
 from kf_culler.model import STOP_ANNOTATION
 
@@ -69,15 +69,17 @@ def test_the_cache_keeps_bytes_and_every_reader_gets_its_own_objects(api: Any, n
         assert again["nb"][0] is not nb and again["nb"][0] == nb  # an equal copy
 
         # A lean pass's pairs: each held as the very bytes the cache holds for its notebook and pod (no copy), with
-        # the sessions' identities in the same order.
-        packed, identities = cache.packed_pairs()
+        # the sessions in the same order as the runner holds them through the pass (those bytes again), and their
+        # identities read from them after it.
+        packed, kept = cache.packed_pairs()
         assert cache.seen.paired == []
         held = {k: v for name in ("notebooks", "pods") for c in cache.collections[name] for k, v in c.objects.items()}
         assert [(type(p), tuple(type(x) for x in p)) for p in packed] == [
             (tuple, (bytes, bytes)), (tuple, (bytes, type(None)))]  # nb with its pod, off without one
         assert packed[0][0] is held[(namespace, "nb")] and packed[0][1] is held[(namespace, "nb-0")]
         assert packed[1][0] is held[(namespace, "off")]
-        assert [ident["metadata"] for ident, pod in identities if pod is None] == [
+        assert [k is p[0] for k, p in zip(kept, packed, strict=True)] == [True, True]  # the same bytes, no copy
+        assert [ident["metadata"] for ident, pod in identities(kept) if pod is None] == [
             {k: n["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion")} for n, _ in again.values()]
         first = (packed[0][0], packed[0][1])
         reader = unpacked_pairs(packed)

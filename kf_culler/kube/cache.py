@@ -158,6 +158,16 @@ def unpacked_pairs(items: list[PackedPair]) -> UnpackedPairs:
     return UnpackedPairs(items)
 
 
+# A session of a lean pass as the runner holds it through the pass (`ClusterCache.packed_pairs`): the bytes the cache
+# holds for it, or its identity with no pod.
+Kept = bytes | Item
+
+
+def identities(kept: list[Kept]) -> list[Item]:
+    """Each session of `kept` as its identity with no pod (kf_culler/targets/ `identity`), decoded one at a time."""
+    return [(identity(decoded(k)), None) if isinstance(k, bytes) else k for k in kept]
+
+
 def decoded(raw: bytes) -> dict[str, Any]:
     """An object kept encoded (`marshal`), decoded: a new copy."""
     obj = marshal.loads(raw)  # the strings written interned (fields.py `shared`) are interned again
@@ -510,14 +520,15 @@ class ClusterCache:
         self._pair(items.append, lambda item, _seen: item)
         return items
 
-    def packed_pairs(self) -> tuple[list[PackedPair], list[Item]]:
+    def packed_pairs(self) -> tuple[list[PackedPair], list[Kept]]:
         """`snapshot` for a lean pass (kf_culler/cycle.py, through `unpacked_pairs`): each pair as its target pairs
         it, held as the bytes the cache holds for its session and pod (no copy: they were decoded from them, and a
         pairing only reads), or encoded (`packed_pair`) where the target made its objects itself, so that no more
-        than a pair is held decoded at once where a target pairs one at a time (a Notebook's); and each session's
-        identity (kf_culler/targets/ `identity`), in the same order, with no pod."""
+        than a pair is held decoded at once where a target pairs one at a time (a Notebook's); and, in the same
+        order, each session as `identities` reads it after the pass: the cache's bytes of it where it has them (no
+        copy), else its identity (kf_culler/targets/ `identity`) with no pod."""
         items: list[PackedPair] = []
-        identities: list[Item] = []
+        identities: list[Kept] = []
 
         def keep(item: Item, seen: Seen) -> Item:
             nb, pod = item
@@ -525,7 +536,7 @@ class ClusterCache:
             raw_pod = None if pod is None else _encoded_as(seen, pod)
             items.append(packed_pair(item) if raw is None or (pod is not None and raw_pod is None) else (raw, raw_pod))
             kept: Item = (identity(nb), None)
-            identities.append(kept)
+            identities.append(kept if raw is None else raw)
             return kept
 
         self._pair(None, keep, recent=PAIR_RECENT)
