@@ -30,8 +30,10 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 Key = tuple[str, str]
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
+    """What the gather asks about one session (a pass holds one for each of its sessions at once)."""
+
     namespace: str
     name: str
     pod: str | None
