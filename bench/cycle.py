@@ -508,7 +508,7 @@ def run_child(params_path: str) -> int:
 
     setup_tracing()  # as `run` does: its spans are recorded (their trace ids go in Events), exported when OTEL_* says
     runner = build_runner(settings, api, on_result=on_result, on_event=on_event,
-                          owns=manager.owns if manager is not None else None, probe_spans=otlp_configured())
+                          owns=manager.owns if manager is not None else None, spans_exported=otlp_configured())
     cpu0, t0 = time.process_time(), time.monotonic()
     rss_before = proc_stats(os.getpid()).get("rssMiB", 0.0)
     log(f"RSS before the list+watch sync {rss_before:.0f} MiB")

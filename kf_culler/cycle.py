@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -304,9 +305,10 @@ class Cycle:
     # (name, ClusterIP) of the Service a session's IDE is probed through, once it passed its checks
     # (`Target.service_address`): the probes connect there instead of looking the name up (`probe.serviceClusterIP`).
     service_address: Callable[[dict[str, Any]], tuple[str, str] | None] | None = None
-    # A span per probe request under its session's: off when no span leaves the process (no exporter), where they
-    # would be made for nothing; the pass's and sessions' spans are always made (their trace ids are in Events).
-    probe_spans: bool = True
+    # Whether spans leave the process (an exporter): only then is a span made per session and per probe request
+    # under the pass's, where otherwise 10,000 sessions' and 25,000 probes' spans a pass would be made for nobody.
+    # The pass's span is always made: its trace id is every session's, in their Events, annotations and results.
+    spans_exported: bool = True
     # What the culler confirmed keeps its probes out of a namespace (rule 16's accessProblem), or None.
     access_problem: Callable[[str], str | None] | None = None
     # The Node of a name (its GPU model label, rule 17), when the culler reads Nodes; None: it does not.
@@ -833,6 +835,10 @@ class Cycle:
             return True
         return write.outcome == "patched" and write.plan is not None and write.plan.annotations.get(mark) is not None
 
+    def _span(self, name: str) -> AbstractContextManager[trace.Span | None]:
+        """A span of this name under the current one when spans leave the process (`spans_exported`), else none."""
+        return self.tracer.start_as_current_span(name) if self.spans_exported else nullcontext(None)
+
     def _act(self, j: Judged, now: datetime, stored: RecordChange | None = None,
              undo: list[tuple[str, str, str, CullerRecord | None]] | None = None,
              settled: set[tuple[str, str]] | None = None, planned: Plan | None = None) -> NotebookResult:
@@ -843,18 +849,20 @@ class Cycle:
         view, policy = sel.view, sel.policy
         (ns, name), pod = sel.key, view.pod if j.pod is None else decoded(j.pod)
         stype = view.server_type
-        with self.tracer.start_as_current_span("kf_culler.session") as span:
-            span.set_attributes({"k8s.namespace.name": ns, "kf_culler.session": name,
-                                 "kf_culler.server_type": stype})
-            source = SERVER_SOURCES.get(stype, stype)
-            for call in calls if self.probe_spans else ():
-                _probe_span(self.tracer, call, source)
-            trace_id = format(span.get_span_context().trace_id, "032x") if span.get_span_context().is_valid \
-                else None
-            span.set_attributes({
-                "kf_culler.action": verdict.action, "kf_culler.state": verdict.state,
-                "kf_culler.rule": verdict.rule_id, "kf_culler.reason": verdict.reason,
-                "kf_culler.idle_seconds": verdict.idle_seconds or 0.0, "kf_culler.gpus": view.gpus})
+        with self._span("kf_culler.session") as span:
+            if span is not None:
+                span.set_attributes({"k8s.namespace.name": ns, "kf_culler.session": name,
+                                     "kf_culler.server_type": stype})
+                source = SERVER_SOURCES.get(stype, stype)
+                for call in calls:
+                    _probe_span(self.tracer, call, source)
+            context = (span or trace.get_current_span()).get_span_context()  # the pass's trace, either way
+            trace_id = format(context.trace_id, "032x") if context.is_valid else None
+            if span is not None:
+                span.set_attributes({
+                    "kf_culler.action": verdict.action, "kf_culler.state": verdict.state,
+                    "kf_culler.rule": verdict.rule_id, "kf_culler.reason": verdict.reason,
+                    "kf_culler.idle_seconds": verdict.idle_seconds or 0.0, "kf_culler.gpus": view.gpus})
             result = NotebookResult(ns, name, stype, view.gpus, verdict, observations, calls, trace_id=trace_id,
                                     record=view.record, policy=policy, pod_uid=uid_of(pod) if pod else None)
             step = self.settings.operations.last_activity_step_minutes
@@ -867,7 +875,7 @@ class Cycle:
             if result.plan.empty:
                 self._store_record(nb, view, result.plan.record)  # e.g. runningSince, with nothing to patch
             if self.writer is not None and not self.settings.operations.dry_run and not result.plan.empty:
-                with self.tracer.start_as_current_span("kf_culler.apply") as aspan:
+                with self._span("kf_culler.apply") as aspan:
                     def replan(fresh: dict[str, Any]) -> Plan:
                         fresh_view = dataclasses.replace(
                             SessionView.of(fresh, pod, policy, record=view.record, access_problem=view.access_problem),
@@ -905,9 +913,10 @@ class Cycle:
                     else:
                         result.write = WriteResult("failed", plan=result.plan,
                                                    error="the culler's record could not be stored; not written")
-                    aspan.set_attributes({"kf_culler.write": result.write.outcome,
-                                          "kf_culler.conflicts": result.write.conflicts,
-                                          "kf_culler.event": result.write.event or "none"})
+                    if aspan is not None:
+                        aspan.set_attributes({"kf_culler.write": result.write.outcome,
+                                              "kf_culler.conflicts": result.write.conflicts,
+                                              "kf_culler.event": result.write.event or "none"})
                     if self.notifier is not None:
                         self.notifier.offer_result(result, policy.max_extend_minutes,  # before it goes
                                                    fairness_key(sel.key, self.owner_of(ns)))

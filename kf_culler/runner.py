@@ -133,7 +133,7 @@ class Runner:
     # Whether passes go through the brakes: `run` (whose passes follow one another); `check` and `explain`
     # show the verdicts before them (a one-off pass remembers nothing to compare with).
     brakes: bool = True
-    probe_spans: bool = True  # a span per probe request (`Cycle.probe_spans`): only when spans are exported
+    spans_exported: bool = True  # spans leave the process (`Cycle.spans_exported`): a span per session and probe
     stop: threading.Event = field(default_factory=threading.Event)
     on_cycle: Callable[[CycleResult], None] | None = None
     on_result: Callable[[NotebookResult], None] | None = None
@@ -182,7 +182,7 @@ class Runner:
             access_problem=self.policies.access_problem if self.policies.enabled else None,
             brakes=self.settings.operations.brakes.limits if self.brakes else None,
             brake_state=memory.brake_state, released_at=released, events_in_background=True, on_event=self.on_event,
-            resend=resend, tracer=self.tracer, probe_spans=self.probe_spans)
+            resend=resend, tracer=self.tracer, spans_exported=self.spans_exported)
 
     @property
     def coder_namespace(self) -> str | None:
@@ -463,13 +463,14 @@ def build_runner(settings: Settings, api: Any, *, one_off: bool = False, dry_run
                  owns: Callable[[str], bool] | None = None, held_shards: Callable[[], list[int]] | None = None,
                  may_write: Callable[[], bool] = lambda: True, clock: Clock = utcnow, tracer: Tracer | None = None,
                  prober: ProberTokens | None = None, records: RecordStore | None = None,
-                 probe_spans: bool = True) -> Runner:
+                 spans_exported: bool = True) -> Runner:
     """The one way a Runner is built (`run`, `check`, `explain`, the demos, the tests), every collaborator made
     here, complete, and never set afterwards. `one_off` (`check`, `explain`): nothing written and no brakes (a
     one-off pass remembers nothing to compare with). `observe(runner_of)` makes the observers of results and
     passes (else `on_result` and `on_cycle`); `runner_of()` is the Runner they serve, built here with them.
     `records_namespace`: the culler's own namespace (None: `own_namespace()`). `prober` and `records`: made here
-    when not given. `probe_spans`: a span per probe request (`run` makes them only when it exports spans)."""
+    when not given. `spans_exported`: spans leave the process (`run`: when it has an exporter), so a span per
+    session and per probe request is made (`Cycle.spans_exported`)."""
     from kf_culler.kube.namespaces import NamespaceLabels
     from kf_culler.kube.tenants import NamespaceOwners
 
@@ -495,6 +496,6 @@ def build_runner(settings: Settings, api: Any, *, one_off: bool = False, dry_run
                     tracer=tracer or trace.get_tracer("kf_culler"), records_namespace=own, dry_run=dry_run,
                     brakes=not one_off, on_cycle=on_cycle, on_result=on_result, on_event=on_event,
                     may_write=may_write, owns=owns, held_shards=held_shards, on_observed=on_observed,
-                    notifier=notifier, clock=clock, probe_spans=probe_spans)
+                    notifier=notifier, clock=clock, spans_exported=spans_exported)
     built.append(runner)
     return runner

@@ -214,7 +214,7 @@ def serve(settings: Settings, api: Any, opts: Options) -> int:
                           observe=lambda runner_of: observers(runner_of, metrics, elector, store, last),
                           on_event=metrics.observe_event, on_observed=recorder.record if recorder else None,
                           owns=owns, held_shards=shards.held if shards is not None else None, may_write=may_write,
-                          notifier=notifier, probe_spans=otlp_configured())
+                          notifier=notifier, spans_exported=otlp_configured())
     runner.install_signal_handlers()
     servers: list[HealthServer | ApiServer] = []
     if opts.metrics_address:

@@ -153,17 +153,18 @@ def test_stop_is_traced_counted_and_served(api: Any, namespace: str,
     assert any(trace_id in e.message for e in obj.events_for(api, namespace, "gpu-nb"))
 
 
-def test_probe_spans_are_made_only_when_spans_leave_the_process(api: Any, namespace: str,
-                                                               fleet: tuple[Router, Prometheus]) -> None:
-    """`run` without an exporter makes no span per probe request (nobody would ever see one: a 10,000-notebook
-    pass made 25,000 of them, docs/performance.md); the pass's and sessions' spans, whose trace ids go in Events
-    and annotations, are made all the same."""
+def test_session_and_probe_spans_are_made_only_when_spans_leave_the_process(api: Any, namespace: str,
+                                                                           fleet: tuple[Router, Prometheus]) -> None:
+    """`run` without an exporter makes no span per session or probe request (nobody would ever see one: a
+    10,000-notebook pass made 10,000 and 25,000 of them, docs/performance.md); the pass's span is made all the same,
+    and its trace id is each session's, as it was its session span's (a child of the pass's), in its result (then
+    its Event and annotations)."""
     router, prom = fleet
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     runner = Passes(build_runner(settings(router, prom, namespace), api, dry_run=True,
-                                 tracer=provider.get_tracer("test"), probe_spans=False))
+                                 tracer=provider.get_tracer("test"), spans_exported=False))
     try:
         runner.start_cache(30)
         results = runner.once().results
@@ -171,9 +172,11 @@ def test_probe_spans_are_made_only_when_spans_leave_the_process(api: Any, namesp
         assert runner.cache is not None
         runner.cache.close()
     assert results and all(r.calls for r in results if r.name in ("gpu-nb", "cpu-nb")), "the notebooks were probed"
-    names = [s.name for s in exporter.get_finished_spans()]
-    assert "kf_culler.probe" not in names
-    assert names.count("kf_culler.session") == len(results) and "kf_culler.cycle" in names
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans if s.name in ("kf_culler.probe", "kf_culler.session", "kf_culler.apply")] == []
+    (cycle,) = [s for s in spans if s.name == "kf_culler.cycle"]
+    assert cycle.context is not None
+    assert {r.trace_id for r in results} == {format(cycle.context.trace_id, "032x")}
 
 
 class ThreadRecordingExporter(InMemorySpanExporter):
