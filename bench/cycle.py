@@ -69,10 +69,10 @@ from fleet_server import (  # noqa: E402
     DEFAULT_HOSTILE_KINDS,
     HOSTILE_KINDS,
     HOSTILE_NAMESPACE,
+    Classes,
     FleetSpec,
     Member,
     cross_time,
-    lookup,
     members,
 )
 
@@ -462,31 +462,38 @@ def run_child(params_path: str) -> int:
 
     probed: Counter[str] = Counter()  # probe calls and their errors, counted as each result is reported
 
+    # The bench's own bookkeeping runs in the culler's process: each notebook's class worked out once (`Classes`),
+    # and what is kept of its verdicts changed only when it changes (no new objects a pass for each notebook).
+    classes = Classes(spec)
+
     def on_result(r: NotebookResult) -> None:  # a lean pass's results give up their calls once reported
         probed["probes"] += len(r.calls)
         probed["errors"] += sum(1 for c in r.calls if c.error)
-        m = lookup(spec, r.namespace, r.name)
-        cls = m.cls if m else "other"
+        found = classes.of(r.namespace, r.name)
+        cls, hostile, crossing = found if found is not None else ("other", None, False)
         per_class[f"notebooks:{cls}"] += 1
         per_class[f"state:{cls}:{r.verdict.state}"] += 1
         v = r.verdict
-        seen = verdicts.setdefault(f"{r.namespace}/{r.name}", {
-            "cls": m.hostile if m is not None and m.hostile else cls, "trail": [], "passes": 0})
-        if not seen["trail"] or seen["trail"][-1] != f"{v.action}/{v.state}":
-            seen["trail"].append(f"{v.action}/{v.state}")
+        seen = verdicts.setdefault(f"{r.namespace}/{r.name}", {"cls": hostile or cls, "trail": [], "passes": 0})
+        step = f"{v.action}/{v.state}"
+        if not seen["trail"] or seen["trail"][-1] != step:
+            seen["trail"].append(sys.intern(step))
         seen["passes"] += 1
-        seen["rule"] = str(v.rule_id)
-        seen["stopAt"] = round(v.stop_at.timestamp() - spec.t0, 1) if v.stop_at else None
+        if seen.get("rule") != str(v.rule_id):
+            seen["rule"] = sys.intern(str(v.rule_id))
+        stop_at = round(v.stop_at.timestamp() - spec.t0, 1) if v.stop_at else None
+        if seen.get("stopAt", 0.5) != stop_at:
+            seen["stopAt"] = stop_at
         if r.write is not None:
             if r.write.outcome == "patched":
                 per_class[f"patches:{cls}"] += r.write.attempts
-            if m is not None and m.crossing and r.verdict.action == "stop" and r.write.outcome == "patched":
+            if crossing and r.verdict.action == "stop" and r.write.outcome == "patched":
                 stops[r.name] = time.time()
 
     def on_event(r: NotebookResult) -> None:  # after the pass's patches (kf_culler/kube/event_tail.py)
         if r.write is not None and r.write.event == "created":
-            m = lookup(spec, r.namespace, r.name)
-            per_class[f"events:{m.cls if m else 'other'}"] += 1
+            found = classes.of(r.namespace, r.name)
+            per_class[f"events:{found[0] if found is not None else 'other'}"] += 1
 
     replicas, index = int(params.get("replicas", 1)), int(params.get("index", 0))
     shards_held: list[int] = []

@@ -166,6 +166,52 @@ def members(spec: FleetSpec) -> Iterator[Member]:
 
 
 def lookup(spec: FleetSpec, namespace: str, name: str) -> Member | None:
+    index = index_of(spec, namespace, name)
+    if index is None:
+        return None
+    m = member(spec, index)
+    return m if m.namespace == namespace else None
+
+
+class Classes:
+    """Each notebook's (class, hostile kind, crossing) as the bench's culler reports them, worked out once per
+    notebook (`member` hashes its name four times) and then kept as one byte per notebook: the bench's own
+    bookkeeping runs in the culler's process, whose CPU and memory it measures."""
+
+    def __init__(self, spec: FleetSpec) -> None:
+        self.spec = spec
+        self.codes = bytearray(spec.size)  # 0: not worked out yet, else 1 + the index in `kinds`
+        self.kinds: list[tuple[str, str | None, bool]] = []
+
+    def of(self, namespace: str, name: str) -> tuple[str, str | None, bool] | None:
+        index = index_of(self.spec, namespace, name)
+        if index is None:
+            return None
+        code = self.codes[index]
+        if code:
+            return self.kinds[code - 1] if namespace == namespace_of(self.spec, index) else None
+        m = lookup(self.spec, namespace, name)
+        if m is None:
+            return None
+        kind = (m.cls, m.hostile, m.crossing)
+        if kind not in self.kinds:
+            self.kinds.append(kind)
+        self.codes[index] = self.kinds.index(kind) + 1
+        return kind
+
+
+def namespace_of(spec: FleetSpec, index: int) -> str:
+    """The namespace of the index-th notebook (`member`'s, without the rest of it)."""
+    if index >= spec.notebooks + spec.crossing:
+        return HOSTILE_NAMESPACE
+    if index >= spec.notebooks:
+        return CROSS_NAMESPACE
+    return f"bench-{index % spec.namespaces}"
+
+
+def index_of(spec: FleetSpec, namespace: str, name: str) -> int | None:
+    """The index of the notebook named so (`member`), when the name is one of the fleet's; its namespace is
+    checked by `lookup`."""
     try:
         if namespace == HOSTILE_NAMESPACE and name.startswith("hx-"):
             kind, _, i = name[3:].rpartition("-")
@@ -180,10 +226,7 @@ def lookup(spec: FleetSpec, namespace: str, name: str) -> Member | None:
             return None
     except ValueError:
         return None
-    if not 0 <= index < spec.size:
-        return None
-    m = member(spec, index)
-    return m if m.namespace == namespace else None
+    return index if 0 <= index < spec.size else None
 
 
 def cross_time(spec: FleetSpec, m: Member, cross0: float, span: float) -> float:
