@@ -528,7 +528,7 @@ class ClusterCache:
         order, each session as `identities` reads it after the pass: the cache's bytes of it where it has them (no
         copy), else its identity (kf_culler/targets/ `identity`) with no pod."""
         items: list[PackedPair] = []
-        identities: list[Kept] = []
+        sessions: list[Kept] = []
 
         def keep(item: Item, seen: Seen) -> Item:
             nb, pod = item
@@ -536,11 +536,11 @@ class ClusterCache:
             raw_pod = None if pod is None else _encoded_as(seen, pod)
             items.append(packed_pair(item) if raw is None or (pod is not None and raw_pod is None) else (raw, raw_pod))
             kept: Item = (identity(nb), None)
-            identities.append(kept if raw is None else raw)
+            sessions.append(kept if raw is None else raw)
             return kept
 
         self._pair(None, keep, recent=PAIR_RECENT)
-        return items, identities
+        return items, sessions
 
     def _pair(self, out: Callable[[Item], None] | None, keep: Callable[[Item, Seen], Item], recent: int = 0) -> None:
         """Pair every target's sessions, each given to `keep` as it is paired (what it returns is what the targets
