@@ -45,6 +45,7 @@ from kf_culler.model import SERVER_SOURCES, STOP_ANNOTATION, WARNED_AT_ANNOTATIO
 from kf_culler.plan import Plan, plan
 from kf_culler.policy import Selected, selection
 from kf_culler.record import CullerRecord, RecordChange, imported, warned_this_period
+from kf_culler.rules.untaken import plan_reads_pod
 from kf_culler.session import SessionView, node_gpu_model
 from kf_culler.sources.bulk import BulkSource
 from kf_culler.sources.http import Call
@@ -246,10 +247,20 @@ class Judged:
     held: frozenset[str] = frozenset()
     why: str = ""
     pod: bytes | None = None  # a lean pass's: the pod encoded, which `sel`'s view then does not hold (`Chosen`)
+    pod_uid: str | None = None  # the uid of its pod, read when it was judged (the pod decoded then)
 
     @property
     def nb(self) -> dict[str, Any]:
         return unpacked(self.session)
+
+    def planned_view(self) -> SessionView:
+        """The view its plan is made from: in a lean pass with its pod put back where planning reads it
+        (kf_culler/rules/untaken.py `plan_reads_pod`: a stop that did not take, whose next step names the pod's
+        StatefulSet); else as held, without it."""
+        view = self.sel.view
+        if self.pod is None or not plan_reads_pod(view):
+            return view
+        return replaced(view, pod=decoded(self.pod))
 
     def found_now(self) -> Found:
         return unpacked_found(self.found)
@@ -531,7 +542,7 @@ class Cycle:
         if lean and (observations or calls):  # as the gather encoded them when nothing was added to them
             held = gathered.packed.get(key)
             found = held if held is not None and key not in gathered.observations else packed_found(observations, calls)
-        return Judged(nb, chosen.sel, verdict, found, pod=chosen.pod)
+        return Judged(nb, chosen.sel, verdict, found, pod=chosen.pod, pod_uid=uid_of(view.pod) if view.pod else None)
 
     def _brake(self, judged: list[Judged], now: datetime) -> Outcome | None:
         """The brakes over the whole pass's verdicts (kf_culler/brakes.py): held and deferred stops, and
@@ -682,7 +693,7 @@ class Cycle:
         out: dict[int, Plan] = {}
         for j in judged:
             try:
-                out[id(j)] = Plan({}) if j.held else plan(j.sel.view, j.verdict, now, step)
+                out[id(j)] = Plan({}) if j.held else plan(j.planned_view(), j.verdict, now, step)
             except Exception:
                 continue
         return out
@@ -846,8 +857,8 @@ class Cycle:
         change `_store_rows` stored for it (`_NOT_STORED`: it could not be); a stop or warning recorded but not
         written goes on `undo`, and the notebook on `settled` once that is checked."""
         sel, verdict, (observations, calls) = j.sel, j.verdict, j.found_now()
-        view, policy = sel.view, sel.policy
-        (ns, name), pod = sel.key, view.pod if j.pod is None else decoded(j.pod)
+        view, policy = j.planned_view(), sel.policy
+        ns, name = sel.key
         stype = view.server_type
         with self._span("kf_culler.session") as span:
             if span is not None:
@@ -864,7 +875,7 @@ class Cycle:
                     "kf_culler.rule": verdict.rule_id, "kf_culler.reason": verdict.reason,
                     "kf_culler.idle_seconds": verdict.idle_seconds or 0.0, "kf_culler.gpus": view.gpus})
             result = NotebookResult(ns, name, stype, view.gpus, verdict, observations, calls, trace_id=trace_id,
-                                    record=view.record, policy=policy, pod_uid=uid_of(pod) if pod else None)
+                                    record=view.record, policy=policy, pod_uid=j.pod_uid)
             step = self.settings.operations.last_activity_step_minutes
             # Held or deferred by the brakes: nothing is written this pass (no mark taken back, no record).
             # An empty plan (`_plan_all`'s) is whole; one with writes is made again with the trace id for its marks.
@@ -877,6 +888,7 @@ class Cycle:
             if self.writer is not None and not self.settings.operations.dry_run and not result.plan.empty:
                 with self._span("kf_culler.apply") as aspan:
                     def replan(fresh: dict[str, Any]) -> Plan:
+                        pod = view.pod if j.pod is None else decoded(j.pod)
                         fresh_view = dataclasses.replace(
                             SessionView.of(fresh, pod, policy, record=view.record, access_problem=view.access_problem),
                             gpu_models=view.gpu_models, stop_deadline_seconds=view.stop_deadline_seconds)

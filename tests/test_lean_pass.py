@@ -17,8 +17,11 @@ from kf_culler.config import load_mapping
 from kf_culler.cycle import Cycle, Judged, NotebookResult, run_async
 from kf_culler.gather import Request, gather
 from kf_culler.kube.cache import PackedPair, packed_pair, unpacked_pairs
+from kf_culler.kube.records import RecordStore, bucket_of, record_text
 from kf_culler.local import objects as obj
 from kf_culler.model import STOP_ANNOTATION
+from kf_culler.record import CullerRecord
+from kf_culler.rules.untaken import Reclaim
 from kf_culler.timeutil import format_time
 
 NOW = datetime(2026, 12, 7, 12, tzinfo=UTC)
@@ -119,3 +122,33 @@ def test_a_lean_gather_keeps_each_answer_encoded_and_reads_back_what_a_full_one_
     assert lean.found(("team", "never")) == ({}, [])
     lean.clear()
     assert lean.packed == {} and lean.found(keys[0]) == ({}, [])
+
+
+def _not_taken_workspace() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Workspace whose stop (`spec.paused`) did not take: its pod still runs, owned by the StatefulSet that
+    the culler's next step scales to 0 (kf_culler/rules/untaken.py)."""
+    ws = {"apiVersion": "kubeflow.org/v1beta1", "kind": "Workspace",
+          "metadata": {"name": "ws", "namespace": "team", "uid": "ws-uid"}, "spec": {"paused": True}}
+    pod = {"metadata": {"name": "ws-abcde-0", "namespace": "team", "uid": "pod-ws",
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "ws-abcde",
+                                             "uid": "sts-uid", "controller": True}]},
+           "spec": {"containers": [{"name": "nb", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+           "status": {"phase": "Running", "startTime": format_time(NOW - timedelta(hours=3))}}
+    return ws, pod
+
+
+def test_a_lean_pass_takes_the_next_step_of_a_stop_that_did_not_take_as_a_full_one_does() -> None:
+    """A lean pass holds each pod apart from its view; planning a stop that did not take reads the pod (the
+    StatefulSet its next step scales), so the lean pass's plan names the same step, and its result the pod's uid."""
+    store = RecordStore(None, "culler")
+    stopped = CullerRecord(stopped_at=NOW - timedelta(minutes=30))
+    store.load([{"metadata": {"name": bucket_of("ws-uid")}, "data": {"ws-uid": record_text(stopped, "team")}}])
+    results = {}
+    for lean in (False, True):
+        ws, pod = _not_taken_workspace()
+        items: Any = unpacked_pairs([packed_pair((ws, pod))]) if lean else [(ws, pod)]
+        [result] = Cycle(SETTINGS, clock=lambda: NOW, records=store).run(items, lean).results
+        assert result.verdict.rule_id == "1-stop-not-taken", result.verdict
+        assert result.plan is not None and result.pod_uid == "pod-ws"
+        results[lean] = result.plan.reclaim
+    assert results[True] == results[False] == Reclaim("StatefulSet", "ws-abcde", "sts-uid")

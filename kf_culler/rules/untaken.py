@@ -42,6 +42,12 @@ def overdue(view: SessionView, deadline_seconds: float | None, now: datetime) ->
     return due if now >= due else None
 
 
+def plan_reads_pod(view: SessionView) -> bool:
+    """Whether planning the session reads its pod (`next_step`: only a session whose stop is written has one); a
+    pass that holds pods apart from their views (kf_culler/cycle.py, lean) puts the pod back for these alone."""
+    return view.stop_written
+
+
 def next_step(view: SessionView) -> Reclaim | None:
     """The safe next step for a stop that did not take, or None (report only).
 
@@ -49,7 +55,7 @@ def next_step(view: SessionView) -> Reclaim | None:
     Workspace by uid); with `spec.paused: true` its controller wants that StatefulSet at 0 replicas, so scaling it
     to 0 is what the controller would do, and it cannot undo it. A v1 Notebook's StatefulSet, a workload's
     replicas and a Coder workspace's build are their controllers' to change: the culler only reports those."""
-    if not view.stop_written or view.pod is None:
+    if not plan_reads_pod(view) or view.pod is None:
         return None
     step = KINDS[view.kind].reclaim(view.pod)  # its target's (kf_culler/targets/workspaces.py)
     return Reclaim(*step) if step is not None else None
