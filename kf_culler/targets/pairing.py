@@ -58,8 +58,23 @@ def _gpus(pod: Mapping[str, Any]) -> float:
     return total
 
 
+def named_members(pods: Mapping[Key, object]) -> dict[Key, list[Key]]:
+    """The keys of the pods named as members of a StatefulSet are (`<statefulset>-<ordinal>`), by (namespace, that
+    StatefulSet's name), read from the keys alone: the name before the last `-` is the only StatefulSet a pod can
+    be a member of, so a pairing decodes only the pods named like a session's StatefulSet's members."""
+    out: dict[Key, list[Key]] = {}
+    for key in pods:
+        ns, pod_name = key
+        cut = pod_name.rfind("-")
+        if cut > 0 and _MEMBER.match(pod_name, cut) is not None:
+            out.setdefault((ns, pod_name[:cut]), []).append(key)
+    return out
+
+
 def _holding(pods: list[dict[str, Any]]) -> dict[str, Any]:
     """Of a StatefulSet's member pods, the Running one asking for the most GPUs, then the first by name."""
+    if len(pods) == 1:
+        return pods[0]
     def rank(p: Mapping[str, Any]) -> tuple[bool, float]:
         meta, status = p.get("metadata") or {}, p.get("status") or {}
         return status.get("phase") == "Running" and not meta.get("deletionTimestamp"), _gpus(p)
@@ -92,21 +107,18 @@ def pairs(notebooks: Mapping[Key, dict[str, Any]], statefulsets: Mapping[Key, di
     """`pair`, one notebook at a time, each read from `notebooks` (and its pod from `pods`) when its turn comes, so
     that a reader of an encoded cache (kf_culler/kube/cache.py) holds decoded only the pairs it has not let go of;
     the orphans are added to `orphans` as they are found (all of them once every pair is read)."""
-    members: dict[tuple[str, str], list[Key]] = {}  # by (namespace, controlling StatefulSet's uid): pod keys
-    for key in pods:
-        ns, pod_name = key
-        ref = controller_of(pods[key])
-        if ref is not None and ref[0] == "StatefulSet" and pod_name.startswith(f"{ref[1]}-") \
-                and _MEMBER.match(pod_name, len(ref[1])) is not None:
-            members.setdefault((ns, ref[2]), []).append(key)
+    members = named_members(pods)
     for key in sorted(notebooks):
         nb = notebooks[key]
         ns, name = key
         sts = statefulsets.get(key)
-        candidates = [pods[k] for k in members.get((ns, _uid(sts)), [])] if sts is not None else []
-        own = [p for p in candidates if controller_of(p) == ("StatefulSet", name, _uid(sts))] \
-            if sts is not None else []
-        del candidates
+        own: list[dict[str, Any]] = []
+        if sts is not None:
+            controller = ("StatefulSet", name, _uid(sts))
+            for k in members.get(key, ()):
+                candidate = pods[k]
+                if controller_of(candidate) == controller:
+                    own.append(candidate)
         if own:
             yield nb, _holding(own)
             continue
