@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import marshal
 import threading
@@ -868,7 +869,7 @@ class Cycle:
                 for call in calls:
                     _probe_span(self.tracer, call, source)
             context = (span or trace.get_current_span()).get_span_context()  # the pass's trace, either way
-            trace_id = format(context.trace_id, "032x") if context.is_valid else None
+            trace_id = _trace_text(context.trace_id) if context.is_valid else None
             if span is not None:
                 span.set_attributes({
                     "kf_culler.action": verdict.action, "kf_culler.state": verdict.state,
@@ -968,6 +969,13 @@ def _writes(planned: Plan | None) -> bool:
     """Whether a notebook's `_act` may write, so it goes to a writer's thread: its plan has writes, or planning it
     failed (its `_act` plans again and reports why)."""
     return planned is None or not planned.empty
+
+
+@functools.lru_cache(maxsize=4)
+def _trace_text(trace_id: int) -> str:
+    """A trace id as results, annotations and Events show it: one string for every session of a pass (they share
+    the pass's trace without an exporter), not 10,000 equal ones held by a pass's results."""
+    return format(trace_id, "032x")
 
 
 def _probe_span(tracer: trace.Tracer, call: Call, source: str) -> None:

@@ -177,6 +177,7 @@ def test_session_and_probe_spans_are_made_only_when_spans_leave_the_process(api:
     (cycle,) = [s for s in spans if s.name == "kf_culler.cycle"]
     assert cycle.context is not None
     assert {r.trace_id for r in results} == {format(cycle.context.trace_id, "032x")}
+    assert len(results) > 1 and len({id(r.trace_id) for r in results}) == 1  # one string held by them all
 
 
 class ThreadRecordingExporter(InMemorySpanExporter):
