@@ -106,6 +106,21 @@ def own_namespace() -> str:
     return os.environ.get("POD_NAMESPACE") or "default"
 
 
+class _NamedLikePods:
+    """The sessions of a pass named like their pods (v1 Notebooks), by (namespace, name), for the Events about pods:
+    indexed when first asked, so a pass with nothing to tell indexes none of its 10,000."""
+
+    def __init__(self, snapshot: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> None:
+        self._snapshot = snapshot
+        self._index: dict[tuple[Any, Any], dict[str, Any]] | None = None
+
+    def get(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        if self._index is None:
+            self._index = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
+                           for nb, _ in self._snapshot if target_of(nb).paired_by_name}
+        return self._index.get(key)
+
+
 @dataclass(frozen=True)
 class Runner:
     """The culler's collaborators, made complete by `build_runner` and frozen: nothing is set on a Runner after it
@@ -365,8 +380,7 @@ class Runner:
 
         resources = self.settings.policy.gpu_resources
         orphans = [o for o in self.cache.orphans if gpu_count({}, o.pod, resources) > 0]
-        notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
-                     for nb, _ in snapshot if target_of(nb).paired_by_name}  # named like their pods: v1 Notebooks
+        notebooks = _NamedLikePods(snapshot)
         writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
         now_told = set(told)
         for o in orphans:
@@ -394,8 +408,7 @@ class Runner:
 
         gpu = self.sources[0]
         contested = list(gpu.contested) if isinstance(gpu, PrometheusGpu) else []
-        notebooks = {((nb.get("metadata") or {}).get("namespace"), (nb.get("metadata") or {}).get("name")): nb
-                     for nb, _ in snapshot if target_of(nb).paired_by_name}  # named like their pods: v1 Notebooks
+        notebooks = _NamedLikePods(snapshot)
         writes = not (self.dry_run or self.settings.operations.dry_run) and self.may_write()
         now_told = set(told)
         for ns, pod, what in contested:

@@ -107,3 +107,25 @@ def test_two_passes_carry_their_memory_through_the_returned_value(monkeypatch: p
 def test_a_memory_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         Memory().cycles = 3  # type: ignore[misc]
+
+
+class _Unread(list[tuple[dict[str, Any], None]]):
+    """A pass's sessions that fail the test when read."""
+
+    def __iter__(self) -> Any:
+        raise AssertionError("the sessions were read")
+
+
+def test_the_sessions_are_indexed_for_events_about_pods_only_when_one_is_told() -> None:
+    """The Events about a GPU pod a stop cannot reach, or a contested GPU series, name the Notebook of the pod: the
+    pass's sessions are indexed by name for them only when there is one to tell, not each pass."""
+    from kf_culler.runner import _NamedLikePods
+
+    _NamedLikePods(_Unread())  # made each pass: reads nothing until asked
+    workspace = {"apiVersion": "kubeflow.org/v1beta1", "kind": "Workspace",
+                 "metadata": {"name": "b", "namespace": "team"}}
+    named = _NamedLikePods([(stopped("a"), None), (workspace, None)])
+    assert named.get(("team", "a")) == stopped("a")
+    assert named.get(("team", "b")) is None  # a Workspace's pods are not named like it
+    with pytest.raises(AssertionError, match="read"):
+        _NamedLikePods(_Unread()).get(("team", "a"))
