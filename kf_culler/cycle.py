@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvloop
@@ -181,11 +182,15 @@ class Selection:
     carried: dict[SessionKey, tuple[str, Any]] = field(default_factory=dict)
 
 
+# The labels of a view a lean pass holds once its policy is chosen: none (`Chosen.of`).
+NO_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class Chosen:
     """A session chosen by the select phase, as the pass holds it until it judges it: the session (a lean pass holds
     it encoded, `packed`), its selection, and in a lean pass its pod encoded, which the selection's view then does
-    not hold (`selected` puts it back)."""
+    not hold (`selected` puts it back), nor its labels, read only to choose its policy."""
 
     session: dict[str, Any] | bytes
     sel: Selected
@@ -199,15 +204,15 @@ class Chosen:
         if not lean:
             return cls(session, sel)
         held = encoded[0] if encoded is not None else packed(session)
-        if pod is None:
-            return cls(held, sel)
         raw = encoded[1] if encoded is not None else None
-        if raw is None:
+        if pod is not None and raw is None:
             try:
                 raw = marshal.dumps(pod)
-            except ValueError:
-                return cls(held, sel)
-        return cls(held, replaced(sel, view=replaced(sel.view, pod=None)), raw)
+            except ValueError:  # held decoded in the view
+                raw = None
+        # The view's labels are read only to choose its policy (kf_culler/policy.py), done by now.
+        view = replaced(sel.view, labels=NO_LABELS, pod=None if raw is not None else pod)
+        return cls(held, replaced(sel, view=view), raw)
 
     def selected(self) -> Selected:
         """The selection with its view's pod."""

@@ -152,3 +152,22 @@ def test_a_lean_pass_takes_the_next_step_of_a_stop_that_did_not_take_as_a_full_o
         assert result.plan is not None and result.pod_uid == "pod-ws"
         results[lean] = result.plan.reclaim
     assert results[True] == results[False] == Reclaim("StatefulSet", "ws-abcde", "sts-uid")
+
+
+def test_a_lean_pass_chooses_policies_by_labels_then_holds_no_labels() -> None:
+    """A notebook's labels are read to choose its policy (a rule's notebookSelector); a lean pass then holds its view
+    without them, and decides as a full pass does, under the same policies."""
+    rule = {"name": "nb-1-short", "match": {"notebookSelector": {"matchLabels": {"app": "nb-1"}}},
+            "policy": {"idleMinutes": 5}}
+    settings = load_mapping({"namespaces": {"include": ["team"]}, "idleMinutes": 60,
+                             "urls": {"jupyter": "http://127.0.0.1:9/notebook/{namespace}/{name}/"},
+                             "probe": {"retries": 0, "timeoutSeconds": 2}, "rules": [rule]}, "test")
+    full = Cycle(settings, clock=lambda: NOW).run(_items(4))
+    raws: list[PackedPair] = [packed_pair(item) for item in _items(4)]
+    chosen = Cycle(settings, clock=lambda: NOW)._select_all(unpacked_pairs(list(raws)), NOW, lean=True).chosen
+    assert [c.sel.policy_rule for c in chosen] == ["default", "nb-1-short", "default", "default"]
+    assert all(not c.sel.view.labels for c in chosen) and all(c.selected().view.labels == {} for c in chosen)
+    lean = Cycle(settings, clock=lambda: NOW).run(unpacked_pairs(raws), lean=True)
+    assert _verdicts(lean.results) == _verdicts(full.results)
+    assert [r.verdict.policy_rule for r in lean.results] == [r.verdict.policy_rule for r in full.results]
+    assert full.results[1].verdict.policy_rule == "nb-1-short"
