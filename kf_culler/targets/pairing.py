@@ -59,7 +59,7 @@ def _gpus(pod: Mapping[str, Any]) -> float:
 
 
 def named_members(pods: Mapping[Key, object]) -> dict[Key, list[Key]]:
-    """The keys of the pods named as members of a StatefulSet are (`<statefulset>-<ordinal>`), by (namespace, that
+    """The keys of the pods named as a StatefulSet names its members (`<statefulset>-<ordinal>`), by (namespace, that
     StatefulSet's name), read from the keys alone: the name before the last `-` is the only StatefulSet a pod can
     be a member of, so a pairing decodes only the pods named like a session's StatefulSet's members."""
     out: dict[Key, list[Key]] = {}
