@@ -587,6 +587,13 @@ def may_get_notebook(e: Env, user: str, namespace: str, name: str) -> bool:
     return bool(review.status.allowed)
 
 
+def rbac_refuses(e: Env, user: str) -> None:
+    """Wait until the API server's RBAC refuses `user` the workbench `wb` (its authorizer follows RoleBinding changes
+    through a watch of its own, a moment after the change is written); TimeoutError when it never does."""
+    procs.wait_until(lambda: not may_get_notebook(e, user, e.namespace, "wb"), 10, 0.05,
+                     f"the API server's RBAC to refuse {user} the workbench in {e.namespace}")
+
+
 def proxy_config() -> dict[str, Any]:
     """The configuration the overlay with the component runs with: the overlay's config.yaml and the component's
     fragment, merged by the culler's own loader (kf_culler/config_layers.py)."""
@@ -868,14 +875,14 @@ def test_each_namespace_has_its_own_prober_whose_token_opens_only_that_namespace
                 # Deleted (by the user here): the next pass makes it again and B reads its kernels.
                 b.rbac().delete_namespaced_role_binding(PROBER_ROLE, b.namespace)
                 user_b = f"system:serviceaccount:{culler_ns}:{probers[b.namespace]}"
-                assert not may_get_notebook(b, user_b, b.namespace, "wb")
+                rbac_refuses(b, user_b)
                 got = one(runner)
                 assert "error" not in got[b.namespace].observations["jupyter"], got[b.namespace].observations
                 assert prober.repairs == 3 and may_get_notebook(b, user_b, b.namespace, "wb")
                 # An edited one (subjects replaced) is restored the same way.
                 b.rbac().patch_namespaced_role_binding(PROBER_ROLE, b.namespace, {"subjects": [
                     {"kind": "ServiceAccount", "name": "someone", "namespace": b.namespace}]})
-                assert not may_get_notebook(b, user_b, b.namespace, "wb")
+                rbac_refuses(b, user_b)
                 got = one(runner)
                 assert prober.repairs == 4 and may_get_notebook(b, user_b, b.namespace, "wb")
                 assert not may_get_notebook(b, f"system:serviceaccount:{b.namespace}:someone", b.namespace, "wb")
