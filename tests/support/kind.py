@@ -154,6 +154,7 @@ def open_kind(backend: KindBackend) -> Iterator[Kind]:
         yield kind
     finally:
         cluster.delete()
+        shutil.rmtree(workdir, ignore_errors=True)  # its kubeconfig, of a cluster now gone
         # The build's Docker daemon outlives nothing it served: stopped once the cluster is gone, unless another
         # kind cluster still runs on it.
         others = subprocess.run([str(backend.kind_bin), "get", "clusters"], env=backend.env(), capture_output=True,
