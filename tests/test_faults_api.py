@@ -258,16 +258,15 @@ def test_a_stop_lands_despite_a_users_write_loop(api: Any, ns: str, faulty: Faul
     try:
         cycle = runner.build_cycle()
         assert cycle.writer is not None
-        real_get = cycle.writer.custom.get_namespaced_custom_object
+        real_get = cycle.writer.get_object
 
-        def get_then_user_writes(group: str, version: str, namespace: str, plural: str, name: str,
-                                 **kw: Any) -> Any:
-            got = real_get(group, version, namespace, plural, name, **kw)
+        def get_then_user_writes(target: Any, namespace: str, name: str) -> Any:
+            got = real_get(target, namespace, name)
             gets[name] += 1
             user_write(name)
             return got
 
-        cycle.writer.custom.get_namespaced_custom_object = get_then_user_writes
+        cycle.writer.get_object = get_then_user_writes  # type: ignore[method-assign]
         result = cycle.run(runner.cache.snapshot())
         assert result.wait_events(60)  # the runner's passes send their Events after the patches, in the background
     finally:

@@ -123,3 +123,31 @@ def patch_statefulset_scale(api_client: Any, namespace: str, name: str, ops: lis
     """A JSON Patch (a list of operations) on a StatefulSet's `scale` subresource; its answer is not decoded."""
     call(api_client, "PATCH", _path("apis", "apps", "v1", "namespaces", namespace, "statefulsets", name, "scale"),
          ops, content_type=JSON_PATCH, timeout=timeout, decode=False)
+
+
+def _object_path(group: str, version: str, namespace: str | None, plural: str, name: str) -> str:
+    """An object's path: /apis/<group>/<version>/..., or /api/v1/... for the core group (""); a cluster-scoped
+    one's when `namespace` is None."""
+    api = ("apis", group, version) if group else ("api", version)
+    return _path(*api, *(("namespaces", namespace) if namespace is not None else ()), plural, name)
+
+
+def read_object(api_client: Any, group: str, version: str, namespace: str, plural: str, name: str,
+                timeout: Timeout = None) -> dict[str, Any]:
+    """A namespaced object of any kind (a session the culler writes: a Notebook, a Workspace, a Deployment)."""
+    return _dict(call(api_client, "GET", _object_path(group, version, namespace, plural, name), timeout=timeout))
+
+
+def read_cluster_object(api_client: Any, group: str, version: str, plural: str, name: str,
+                        timeout: Timeout = None) -> dict[str, Any]:
+    """A cluster-scoped object of any kind (a Profile)."""
+    return _dict(call(api_client, "GET", _object_path(group, version, None, plural, name), timeout=timeout))
+
+
+def patch_object(api_client: Any, group: str, version: str, namespace: str, plural: str, name: str, body: Any,
+                 content_type: str, timeout: Timeout = None) -> dict[str, Any]:
+    """A merge patch (a dict) or a JSON Patch (a list of operations) of a namespaced object; the object as patched.
+    Through `call`, not the generated CustomObjectsApi, whose checks of every argument (pydantic) and of the
+    answer cost about as much CPU as the rest of the request (docs/performance.md)."""
+    return _dict(call(api_client, "PATCH", _object_path(group, version, namespace, plural, name), body,
+                      content_type=content_type, timeout=timeout))

@@ -24,10 +24,7 @@ REQUEST_TIMEOUT = (5.0, 10.0)
 class OwnerLookup:
     def __init__(self, api_client: Any, ttl_seconds: float = 300, use_profile: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        from kubernetes import client
-
         self.api_client = api_client
-        self.custom = client.CustomObjectsApi(api_client)
         self.ttl = ttl_seconds
         self.use_profile = use_profile
         self.clock = clock
@@ -62,8 +59,8 @@ class OwnerLookup:
         if not self.use_profile:
             return None
         try:
-            profile = self.custom.get_cluster_custom_object(PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL,
-                                                            namespace, _request_timeout=REQUEST_TIMEOUT)
+            profile = core.read_cluster_object(self.api_client, PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL,
+                                               namespace, timeout=REQUEST_TIMEOUT)
         except ApiException as err:
             if err.status == 404:
                 return None

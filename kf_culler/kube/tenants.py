@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kf_culler.kube import core
 from kf_culler.kube.namespaces import NamespaceLabels
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,7 @@ class NamespaceOwners:
 
     def __init__(self, api_client: Any, namespaces: NamespaceLabels, ttl: float = 300.0, retry: float = 30.0,
                  timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
-        from kubernetes import client
-
-        self.custom = client.CustomObjectsApi(api_client)
+        self.api_client = api_client
         self.namespaces = namespaces
         self.ttl, self.retry, self.timeout, self.clock = ttl, retry, timeout, clock
         self._profiles: dict[str, tuple[float, str | None]] = {}  # namespace -> (read at, spec.owner.name)
@@ -75,8 +74,8 @@ class NamespaceOwners:
             return known[1]
         self.profile_reads += 1
         try:
-            profile = self.custom.get_cluster_custom_object(PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL,
-                                                            namespace, _request_timeout=self.timeout)
+            profile = core.read_cluster_object(self.api_client, PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL,
+                                               namespace, timeout=self.timeout)
         except Exception as err:
             status = getattr(err, "status", None)
             if status in (401, 403):  # not granted (the read-only dry-run install): said once, kept for the TTL

@@ -20,7 +20,7 @@ from kf_culler.kube.backoff import with_backoff
 from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
 from kf_culler.plan import EventSpec, Plan
 from kf_culler.rules.untaken import Reclaim
-from kf_culler.targets import target_of
+from kf_culler.targets import Target, target_of
 from kf_culler.timeutil import format_time
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,7 @@ class WriteResult:
 
 class Writer:
     def __init__(self, api_client: Any, component: str = "kf-culler", instance: str | None = None) -> None:
-        from kubernetes import client
-
         self.api_client = api_client
-        self.custom = client.CustomObjectsApi(api_client)
         self.component = component
         self.instance = instance or os.environ.get("POD_NAME") or socket.gethostname()
         self.patches = 0
@@ -73,7 +70,6 @@ class Writer:
         meta = notebook.get("metadata") or {}
         ns, name = str(meta.get("namespace")), str(meta.get("name"))
         target = target_of(notebook)
-        group, version, plural = target.group, target.version, target.plural
         result = WriteResult("unchanged", plan=first)
         current, todo = notebook, first
         # A 409 means the notebook changed since we read it: re-read it, re-plan from what it is now and
@@ -85,8 +81,7 @@ class Writer:
                 with attempt:
                     if attempt.retry_state.attempt_number > 1:  # the previous patch conflicted
                         try:
-                            current = with_backoff(lambda: self.custom.get_namespaced_custom_object(
-                                group, version, ns, plural, name, _request_timeout=REQUEST_TIMEOUT))
+                            current = with_backoff(lambda: self.get_object(target, ns, name))
                         except ApiException as gone:
                             result.outcome = "gone" if gone.status == 404 else "failed"
                             result.error = None if gone.status == 404 else f"HTTP {gone.status}: {gone.reason}"
@@ -106,8 +101,8 @@ class Writer:
                     try:
                         if todo.annotations:
                             current = with_backoff(functools.partial(
-                                self.custom.patch_namespaced_custom_object, group, version, ns, plural, name, body,
-                                _content_type="application/merge-patch+json", _request_timeout=REQUEST_TIMEOUT),
+                                core.patch_object, self.api_client, target.group, target.version, ns,
+                                target.plural, name, body, core.MERGE_PATCH, REQUEST_TIMEOUT),
                                 give_up=lambda: not may_write())
                             with self._count:
                                 self.patches += 1
@@ -136,6 +131,11 @@ class Writer:
                 result.event = self.event(current, result.plan.event, now)
         return result
 
+    def get_object(self, target: Target, namespace: str, name: str) -> dict[str, Any]:
+        """A session's object as the API server has it now (the client's ApiException when it answers otherwise)."""
+        return core.read_object(self.api_client, target.group, target.version, namespace, target.plural, name,
+                                REQUEST_TIMEOUT)
+
     def read(self, kind: str, namespace: str, name: str) -> tuple[dict[str, Any] | None, str | None]:
         """A session's object as the API server has it now: (object, None), (None, None) when there is none, or
         (None, why) when it cannot be read. Never raises."""
@@ -143,8 +143,7 @@ class Writer:
 
         target = target_of({"kind": kind})
         try:
-            found: dict[str, Any] = with_backoff(lambda: self.custom.get_namespaced_custom_object(
-                target.group, target.version, namespace, target.plural, name, _request_timeout=REQUEST_TIMEOUT))
+            found: dict[str, Any] = with_backoff(lambda: self.get_object(target, namespace, name))
             return found, None
         except ApiException as err:
             return None, None if err.status == 404 else f"HTTP {err.status}"
@@ -205,8 +204,7 @@ class Writer:
 
         target = target_of({"kind": kind})  # the kind of a session this pass read: one a target handles
         try:
-            fresh = with_backoff(lambda: self.custom.get_namespaced_custom_object(
-                target.group, target.version, ns, target.plural, name, _request_timeout=REQUEST_TIMEOUT))
+            fresh = with_backoff(lambda: self.get_object(target, ns, name))
         except Exception:
             return None
         todo = replan(fresh)
@@ -219,7 +217,8 @@ class Writer:
         if ann is None:
             ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
             ann = {}
-        spec = fresh.get("spec") if isinstance(fresh.get("spec"), dict) else {}
+        found_spec = fresh.get("spec")
+        spec: dict[str, Any] = found_spec if isinstance(found_spec, dict) else {}
         # What "stopped" is read from is a decision input too (rule 1): a Workspace's paused, a workload's replicas
         stop_field = target.stop_field
         if stop_field is not None and stop_field in spec:
@@ -237,9 +236,9 @@ class Writer:
             ops.append({"op": "add", "path": f"/spec/{key}", "value": value})
         result.attempts += 1
         try:
-            patched: dict[str, Any] = with_backoff(lambda: self.custom.patch_namespaced_custom_object(
-                target.group, target.version, ns, target.plural, name, ops, _content_type="application/json-patch+json",
-                _request_timeout=REQUEST_TIMEOUT), give_up=lambda: not may_write())
+            patched: dict[str, Any] = with_backoff(lambda: core.patch_object(
+                self.api_client, target.group, target.version, ns, target.plural, name, ops, core.JSON_PATCH,
+                REQUEST_TIMEOUT), give_up=lambda: not may_write())
         except ApiException as err:
             if err.status in (409, 422):  # a decision input changed meanwhile: the next pass decides again
                 result.conflicts += 1
