@@ -48,3 +48,24 @@ def test_the_cached_objects_decide_as_the_whole_ones(path: Path) -> None:
     whole = verdict_for_document(copy.deepcopy(doc), path.name)
     cached = verdict_for_document(as_cached(doc), path.name)
     assert cached.to_dict() == whole.to_dict()
+
+
+def test_two_sessions_decoded_from_the_cache_share_their_annotation_keys_and_short_values() -> None:
+    """What a pass holds of each session it chose (its annotations, from its select phase to its act phase) is
+    decoded from the cache's bytes: the keys, and the short values two sessions repeat, are one string each; a
+    time is each session's own."""
+    import marshal
+
+    from kf_culler.local.objects import notebook
+
+    stamp = "2026-12-08T00:00:%02dZ"
+    a, b = ({**notebook(n), "metadata": {**notebook(n)["metadata"], "annotations": {
+        "notebooks.kubeflow.org/server-type": "jupyter", "notebooks.kubeflow.org/last-activity": stamp % i}}}
+        for i, n in enumerate(("nb-a", "nb-b")))
+    held = [marshal.loads(marshal.dumps(_slim_notebook(json.loads(json.dumps(o))))) for o in (a, b)]
+    ann_a, ann_b = (h["metadata"]["annotations"] for h in held)
+    keys_a, keys_b = sorted(ann_a), sorted(ann_b)
+    assert keys_a == keys_b and all(x is y for x, y in zip(keys_a, keys_b, strict=True))
+    assert ann_a["notebooks.kubeflow.org/server-type"] is ann_b["notebooks.kubeflow.org/server-type"]
+    assert ann_a["notebooks.kubeflow.org/last-activity"] == stamp % 0 and ann_b[
+        "notebooks.kubeflow.org/last-activity"] == stamp % 1

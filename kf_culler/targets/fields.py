@@ -5,8 +5,10 @@ watch (pods, StatefulSets, Services) are here; each target module has those of i
 tests/test_cache_fields.py checks that every rule decides the same on the projections as on the whole objects.
 
 A string that thousands of objects repeat is kept once (`sys.intern`): a namespace, a kind, an apiVersion, a
-resource name, and the names, uids and labels that a Notebook, its StatefulSet, pod and Service repeat (a
-decoded JSON answer makes a new string of each). Pure."""
+resource name, the names, uids and labels that a Notebook, its StatefulSet, pod and Service repeat (a
+decoded JSON answer makes a new string of each), and the keys of annotations. The cache holds each object
+encoded (`marshal`, kf_culler/kube/cache.py), which marks those strings, so each decoding shares them again
+with what is decoded beside it. Pure."""
 
 from __future__ import annotations
 
@@ -38,14 +40,27 @@ def strings(value: Any, depth: int = 2) -> Any:
     return shared(value)
 
 
-# Keys whose values other objects repeat: kept once (`shared`); labels and selectors (`strings`).
+def annotation_strings(value: Any) -> Any:
+    """Annotations with each key kept once, and each value as short as a server type or a flag ("jupyter",
+    "true"); a longer value (a time, a message) is the session's own, not looked for elsewhere. A pass holds the
+    annotations of every session it chose from its select phase to its act phase: ten thousand copies of the
+    same few keys, each decoded again from the cache's bytes, before."""
+    if type(value) is not dict:
+        return value
+    return {shared(k): shared(v) if type(v) is str and len(v) <= SHORT_VALUE else v for k, v in value.items()}
+
+
+SHORT_VALUE = 16
+# Keys whose values other objects repeat: kept once (`shared`); labels and selectors (`strings`); annotations'
+# keys (`annotation_strings`).
 _SHARED = frozenset(("namespace", "apiVersion", "kind", "name", "uid", "type"))
 _MAPS = frozenset(("labels", "selector", "resources"))
 
 
 def pick(obj: object, keys: tuple[str, ...]) -> dict[str, Any]:
     d = _dict(obj)
-    return {k: (shared(d[k]) if k in _SHARED else strings(d[k]) if k in _MAPS else d[k]) for k in keys if k in d}
+    return {k: (shared(d[k]) if k in _SHARED else strings(d[k]) if k in _MAPS
+                else annotation_strings(d[k]) if k == "annotations" else d[k]) for k in keys if k in d}
 
 
 def controller_ref(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
