@@ -95,3 +95,30 @@ def test_the_cache_keeps_bytes_and_every_reader_gets_its_own_objects(api: Any, n
         assert {s["metadata"]["name"]: s["metadata"]["annotations"] for s in cache.sessions()}["off"] == {"a": "b"}
     finally:
         cache.close()
+
+
+def test_the_culler_record_buckets_are_kept_encoded_and_read_decoded(api: Any, namespace: str) -> None:
+    """The culler's own record ConfigMaps are kept as one blob each (a pass's record patches bring whole buckets
+    back through the watch, hundreds of small strings each): the store reads them decoded, as the API has them."""
+    from kf_culler.kube.records import RECORDS_LABELS
+
+    client.CoreV1Api(api).create_namespaced_config_map(namespace, {
+        "metadata": {"name": "kf-culler-records-00", "labels": dict(RECORDS_LABELS)},
+        "data": {"uid-1": '{"namespace":"team","stoppedAt":"2026-12-01T00:00:00Z"}'}})
+    cache = ClusterCache(api, (namespace,), records_namespace=namespace)
+    cache.start()
+    try:
+        assert cache.wait_synced(30)
+        kept = [o for c in cache.records for o in c.objects.values()]
+        assert len(kept) == 1 and type(kept[0]) is bytes
+        read = cache.record_objects()
+        assert [cm["metadata"]["name"] for cm in read] == ["kf-culler-records-00"]
+        assert read[0]["data"] == {"uid-1": '{"namespace":"team","stoppedAt":"2026-12-01T00:00:00Z"}'}
+        client.CoreV1Api(api).patch_namespaced_config_map("kf-culler-records-00", namespace,
+                                                          {"data": {"uid-2": "{}"}})
+        deadline = time.monotonic() + 10
+        while "uid-2" not in cache.record_objects()[0]["data"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert set(cache.record_objects()[0]["data"]) == {"uid-1", "uid-2"}
+    finally:
+        cache.close()

@@ -434,10 +434,13 @@ class ClusterCache:
                                                   self.stop_event, slim=slim, metadata_only=w.metadata_only,
                                                   encoded=True)
                                       for ns in where]
-        # The culler's own record (kf_culler/kube/records.py): ConfigMaps in its own namespace.
+        # The culler's own record (kf_culler/kube/records.py): ConfigMaps in its own namespace, each kept as one
+        # `marshal` blob. Each of a pass's record patches brings its bucket back through the watch, hundreds of
+        # records' texts at once, while the pass runs: held decoded, those small strings outlived the pass among
+        # its own short-lived objects and kept their memory from going back (docs/performance.md).
         self.records: list[_Collection] = [] if records_namespace is None else [_Collection(
             f"records/{records_namespace}", _lister(api_client, f"/api/v1/namespaces/{records_namespace}/configmaps"),
-            self.stop_event, RECORDS_SELECTOR)]
+            self.stop_event, RECORDS_SELECTOR, encoded=True)]
         # Nodes for their GPU model (rule 17); optional: without the RBAC to read them, models come from the
         # notebook's template as before, and the culler says so once.
         self.nodes = _Collection("nodes", _lister(api_client, "/api/v1/nodes"), self.stop_event, slim=_slim_node,
@@ -600,8 +603,8 @@ class ClusterCache:
         return self.nodes.synced.is_set() and not self.nodes.forbidden
 
     def record_objects(self) -> list[dict[str, Any]]:
-        """The ConfigMaps that hold the culler's records, as the watch has them."""
-        return [cm for c in self.records for cm in c.snapshot().values()]
+        """The ConfigMaps that hold the culler's records, as the watch has them (decoded for the caller)."""
+        return [decoded(cm) for c in self.records for cm in c.snapshot().values()]
 
     def record_notebook(self, obj: dict[str, Any]) -> None:
         """Keep a session as the culler's own patch left it (the watch will confirm it)."""

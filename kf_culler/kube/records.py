@@ -134,14 +134,21 @@ def read_buckets(configmaps: Iterable[dict[str, Any]],
     return out
 
 
-def texts(configmaps: Iterable[dict[str, Any]], records: Mapping[str, Stored]) -> dict[str, tuple[str, Stored]]:
-    """uid -> (its text, its record) of the `records` read from these ConfigMaps (`read_buckets`' `known`)."""
+def texts(configmaps: Iterable[dict[str, Any]], records: Mapping[str, Stored],
+          known: Mapping[str, tuple[str, Stored]] | None = None) -> dict[str, tuple[str, Stored]]:
+    """uid -> (its text, its record) of the `records` read from these ConfigMaps (`read_buckets`' `known`). A
+    record as it was in `known` keeps the pair it had there, and so the text it was first read with: the text
+    just read, an equal string, goes with the ConfigMaps it was read from (each load reads them all again, and
+    held, ten thousand new strings a pass would outlive the pass among its short-lived objects)."""
     out: dict[str, tuple[str, Stored]] = {}
+    known = known or {}
     for cm in configmaps:
         data = cm.get("data")
         for uid, text in (data.items() if isinstance(data, dict) else ()):
             if uid in records:
-                out[uid] = (text, records[uid])
+                seen = known.get(uid)
+                same = seen is not None and seen[1] is records[uid] and seen[0] == text
+                out[uid] = seen if same and seen is not None else (text, records[uid])
     return out
 
 
@@ -242,7 +249,7 @@ class RecordStore:
         and what it has yet to write (the watch may not have delivered those yet)."""
         configmaps = list(configmaps)
         fresh = read_buckets(configmaps, self._texts)  # a record unchanged since the last load is not decoded
-        self._texts = texts(configmaps, fresh)
+        self._texts = texts(configmaps, fresh, self._texts)
         others = read_others(configmaps, fresh)
         with self._lock:
             self.imported |= read_imported(configmaps)
