@@ -67,6 +67,30 @@ def test_without_retry_after_the_wait_doubles_and_is_capped() -> None:
     assert waits == [backoff.MAX_WAIT_SECONDS]  # an hour asked, 10 s waited
 
 
+def test_a_call_the_server_takes_at_once_sets_up_no_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most requests are never throttled: those are one plain call (the retry machinery, set up for each, cost about
+    a tenth of a write's CPU); a 429 still gets the retries, ATTEMPTS tries in all."""
+    made: list[object] = []
+    real = backoff.Retrying
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backoff, "Retrying", counted)
+    assert with_backoff(lambda: "at once", sleep=lambda _s: None) == "at once"
+    assert made == []
+    answers: list[Any] = [throttled("1"), "then"]
+
+    def call() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return str(answer)
+
+    assert with_backoff(call, sleep=lambda _s: None) == "then" and len(made) == 1
+
+
 def test_other_errors_are_not_retried() -> None:
     calls = [0]
 

@@ -7,6 +7,7 @@ rather than failing or being retried at once.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -39,23 +40,36 @@ def _retry_after(err: BaseException | None) -> float | None:
         return None
 
 
-def _wait(state: RetryCallState) -> float:
-    """The server's Retry-After (at least 0.1 s, at most MAX_WAIT_SECONDS), else 0.5 s doubled per attempt."""
-    err = state.outcome.exception() if state.outcome is not None else None
+def _wait_after(err: BaseException | None, attempt: int) -> float:
+    """After the `attempt`th try answered 429: the server's Retry-After (at least 0.1 s, at most MAX_WAIT_SECONDS),
+    else 0.5 s doubled per attempt."""
     asked = _retry_after(err)
     if asked is not None:
         return min(max(asked, 0.1), MAX_WAIT_SECONDS)
-    return min(0.5 * 2.0 ** (state.attempt_number - 1), MAX_WAIT_SECONDS)
+    return min(0.5 * 2.0 ** (attempt - 1), MAX_WAIT_SECONDS)
 
 
 def with_backoff(call: Callable[[], T], sleep: Callable[[float], None] | None = None,
                  give_up: Callable[[], bool] | None = None) -> T:
     """`call()`, sent again after a 429 as the server asks, at most ATTEMPTS times in all; any other error,
     and the last 429, are raised as they are. `give_up()` true after a 429 (this replica lost its Lease,
-    the process is stopping): the 429 is raised instead of waiting to send again."""
+    the process is stopping): the 429 is raised instead of waiting to send again.
+
+    The first try is a plain call: the retry machinery is set up only once the server said 429 (set up for
+    every request, it cost about a tenth of a write's CPU, docs/performance.md)."""
+    try:
+        return call()
+    except Exception as err:
+        if not _throttled(err) or (give_up is not None and give_up()):
+            raise
+        (sleep or time.sleep)(_wait_after(err, 1))
     kwargs: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
-    stop: stop_base = stop_after_attempt(ATTEMPTS)
+    stop: stop_base = stop_after_attempt(ATTEMPTS - 1)  # the tries after the first
+
+    def wait(state: RetryCallState) -> float:
+        return _wait_after(state.outcome.exception() if state.outcome is not None else None, state.attempt_number + 1)
+
     if give_up is not None:
         stop = stop | _GiveUp(give_up)
-    retrying = Retrying(stop=stop, retry=retry_if_exception(_throttled), wait=_wait, reraise=True, **kwargs)
+    retrying = Retrying(stop=stop, retry=retry_if_exception(_throttled), wait=wait, reraise=True, **kwargs)
     return retrying(call)

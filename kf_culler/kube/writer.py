@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_none
-
 from kf_culler.kube import core
 from kf_culler.kube.backoff import with_backoff
 from kf_culler.model import EXEMPT_ANNOTATION, KEEP_UNTIL_ANNOTATION, SERVER_TYPE_ANNOTATION, STOP_ANNOTATION
@@ -27,10 +25,6 @@ log = logging.getLogger(__name__)
 MAX_CONFLICT_RETRIES = 5
 # (connect, read) seconds for each write: an API server that hangs costs a failed write, not a stuck pass.
 REQUEST_TIMEOUT = (5.0, 30.0)
-
-
-class _Conflict(Exception):
-    """A patch answered 409 Conflict (the notebook's resourceVersion moved on)."""
 
 
 # What became of a notebook's write: written, nothing to write, the notebook gone, 409 on every try, an
@@ -73,52 +67,53 @@ class Writer:
         result = WriteResult("unchanged", plan=first)
         current, todo = notebook, first
         # A 409 means the notebook changed since we read it: re-read it, re-plan from what it is now and
-        # patch again at once (the re-read is the wait), at most MAX_CONFLICT_RETRIES times.
-        conflicts = Retrying(stop=stop_after_attempt(MAX_CONFLICT_RETRIES + 1),
-                             retry=retry_if_exception_type(_Conflict), wait=wait_none(), reraise=True)
-        try:
-            for attempt in conflicts:
-                with attempt:
-                    if attempt.retry_state.attempt_number > 1:  # the previous patch conflicted
-                        try:
-                            current = with_backoff(lambda: self.get_object(target, ns, name))
-                        except ApiException as gone:
-                            result.outcome = "gone" if gone.status == 404 else "failed"
-                            result.error = None if gone.status == 404 else f"HTTP {gone.status}: {gone.reason}"
-                            return result
-                        except Exception as err:  # the API server unreachable: this write fails, the pass goes on
-                            return _unreachable(result, ns, name, err)
-                        todo = replan(current)
-                        result.plan = todo
-                    if todo.empty:
-                        break
-                    if not may_write():
-                        result.outcome = "not-leader"
-                        return result
-                    result.attempts += 1
-                    body = target.stop_body(current, todo.annotations)  # a Workspace's stop is spec.paused
-                    body["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
-                    try:
-                        if todo.annotations:
-                            current = with_backoff(functools.partial(
-                                core.patch_object, self.api_client, target.group, target.version, ns,
-                                target.plural, name, body, core.MERGE_PATCH, REQUEST_TIMEOUT),
-                                give_up=lambda: not may_write())
-                            with self._count:
-                                self.patches += 1
-                    except ApiException as err:
-                        if err.status == 404:
-                            result.outcome = "gone"
-                            return result
-                        if err.status != 409:
-                            result.outcome, result.error = "failed", f"HTTP {err.status}: {err.reason}"
-                            return result
-                        result.conflicts += 1
-                        raise _Conflict from None
-                    except Exception as err:  # connection refused/reset, timeout, TLS: never raise into the pass
-                        return _unreachable(result, ns, name, err)
-                    result.outcome, result.notebook, result.plan = "patched", current, todo
-        except _Conflict:
+        # patch again at once (the re-read is the wait), at most MAX_CONFLICT_RETRIES times. (A plain loop: a
+        # retry library's set-up for every write cost more CPU than the loop, and a write rarely conflicts.)
+        conflicted = False
+        for attempt in range(1, MAX_CONFLICT_RETRIES + 2):
+            conflicted = False
+            if attempt > 1:  # the previous patch conflicted
+                try:
+                    current = with_backoff(lambda: self.get_object(target, ns, name))
+                except ApiException as gone:
+                    result.outcome = "gone" if gone.status == 404 else "failed"
+                    result.error = None if gone.status == 404 else f"HTTP {gone.status}: {gone.reason}"
+                    return result
+                except Exception as err:  # the API server unreachable: this write fails, the pass goes on
+                    return _unreachable(result, ns, name, err)
+                todo = replan(current)
+                result.plan = todo
+            if todo.empty:
+                break
+            if not may_write():
+                result.outcome = "not-leader"
+                return result
+            result.attempts += 1
+            body = target.stop_body(current, todo.annotations)  # a Workspace's stop is spec.paused
+            body["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
+            try:
+                if todo.annotations:
+                    current = with_backoff(functools.partial(
+                        core.patch_object, self.api_client, target.group, target.version, ns,
+                        target.plural, name, body, core.MERGE_PATCH, REQUEST_TIMEOUT),
+                        give_up=lambda: not may_write())
+                    with self._count:
+                        self.patches += 1
+            except ApiException as err:
+                if err.status == 404:
+                    result.outcome = "gone"
+                    return result
+                if err.status != 409:
+                    result.outcome, result.error = "failed", f"HTTP {err.status}: {err.reason}"
+                    return result
+                result.conflicts += 1
+                conflicted = True
+                continue
+            except Exception as err:  # connection refused/reset, timeout, TLS: never raise into the pass
+                return _unreachable(result, ns, name, err)
+            result.outcome, result.notebook, result.plan = "patched", current, todo
+            break
+        if conflicted:  # every try answered 409
             last = self._guarded(target.kind, ns, name, replan, may_write, result)
             if last is None:
                 result.outcome = "conflict-exhausted"
