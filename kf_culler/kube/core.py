@@ -2,9 +2,10 @@
 a Profile's read), through the kubernetes ApiClient (its configuration, credentials, connection pool and
 `_request_timeout`) but without the client's generated API classes: once imported, the kubernetes package's
 CoreV1Api costs about 21 MiB of resident memory, AppsV1Api 12 MiB and CustomObjectsApi 1.6 MiB
-(docs/performance.md), for the dozen requests below, and the last checks every argument of every call. Answers are the API's JSON as plain dicts (the same keys a
-model gives through `sanitize_for_serialization`); an answer other than 2xx raises the client's ApiException, as
-the generated classes do, with its status, reason, headers (a 429's Retry-After) and body."""
+(docs/performance.md), for the dozen requests below, and the last checks every argument of every call. Answers
+are the API's JSON as plain dicts (the same keys a model gives through `sanitize_for_serialization`); an answer
+other than 2xx raises the client's ApiException, as the generated classes do, with its status, reason, headers (a
+429's Retry-After) and body."""
 
 from __future__ import annotations
 
