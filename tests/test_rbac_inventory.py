@@ -1,16 +1,17 @@
 """The culler's RBAC is exactly what its code uses: every Kubernetes API call in kf_culler, inventoried from the
-source, against the rules the rendered base and each component grant the `kf-culler` ServiceAccount. A verb the
-code uses that nothing grants fails; a verb a rule grants that no code uses fails.
+source, against the rules the rendered base and each component grant the `kf-culler` ServiceAccount. A verb the code
+uses that nothing grants fails; a verb a rule grants that no code uses fails.
 
 The inventory is static (the source's calls, not a run with an audit log): every reference to a method of the
-`kubernetes` client's API classes in kf_culler (all of it but kf_culler/local and the demos, which the image
-does not ship), mapped to (API group, resource, verb) by the HTTP method and path the client itself sends for
-that method; every reference to a request of kf_culler/kube/core.py (the requests sent without those classes),
-mapped by the HTTP method and path its function sends; and every collection the cache lists and watches by its
-path (`_lister`). A static inventory sees every code path, also the ones a test run would not reach (the email
-notices, Istio policies, the prober identities, the workloads' /scale...), where an audit log sees only what
-was run. Its over-approximations, each said where it is made:
-  - the custom-object calls whose group and plural are not constants (kf_culler/kube/writer.py's patch and
+`kubernetes` client's API classes in kf_culler (all of it but kf_culler/local and the demos, which the image does
+not ship), mapped to (API group, resource, verb) by the HTTP method and path the client itself sends for that
+method; every reference to a request of kf_culler/kube/core.py (the requests sent without those classes), mapped by
+the HTTP method and path its function sends (for its requests of an object of any kind, `read_object`,
+`patch_object`, `read_cluster_object`, with the group and plural given where it is called); and every collection the
+cache lists and watches by its path (`_lister`). A static inventory sees every code path, also the ones a test run
+would not reach (the email notices, Istio policies, the prober identities, the workloads' /scale...), where an audit
+log sees only what was run. Its over-approximations, each said where it is made:
+  - the object calls whose group and plural are not constants (kf_culler/kube/writer.py's patch and
     re-read, whatever session kind it stops) count for every session kind the culler reads from the API
     server (kf_culler/targets/: Notebooks, Workspaces, Deployments, StatefulSets);
   - a list function handed to the cache (kf_culler/kube/cache.py) is listed, then watched, and so is every
@@ -134,9 +135,15 @@ CORE = PACKAGE / "kube" / "core.py"
 
 
 def _segments(expr: ast.expr) -> str | None:
-    """A path template from core.py's `_path(...)`: its constant segments kept, any other `{x}`."""
+    """A path template from core.py's `_path(...)`: its constant segments kept, any other `{x}`; from its
+    `_object_path(group, version, namespace, plural, name)`, an object of any kind, as the client's custom-object
+    paths spell it (`{group}` and `{plural}` read where it is called), cluster-scoped when `namespace` is None."""
     if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "_path":
         return "/" + "/".join(a.value if isinstance(a, ast.Constant) else "{x}" for a in expr.args)
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "_object_path":
+        namespace = expr.args[2]
+        cluster = isinstance(namespace, ast.Constant) and namespace.value is None
+        return "/apis/{group}/{version}" + ("" if cluster else "/namespaces/{x}") + "/{plural}/{x}"
     return None
 
 
@@ -230,7 +237,23 @@ def code_uses() -> dict[Triple, set[str]]:
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "core" \
                     and node.attr in core_requests():
                 where = f"{path.relative_to(ROOT)}:{node.lineno}"
-                out.setdefault(_triple(*core_requests()[node.attr]), set()).add(where)
+                http, template = core_requests()[node.attr]
+                if "{group}" in template:  # an object of any kind: its group and plural where it is called
+                    if id(node) in calls:
+                        args = calls[id(node)].args[1:]  # after the ApiClient
+                    elif id(node) in handed:
+                        outer, i = handed[id(node)]
+                        args = outer.args[i + 2:]
+                    else:
+                        args = []
+                    module = module or _module(path)
+                    local = next((loc for scope, loc in scopes if scope is not tree and any(
+                        n is node for n in ast.walk(scope))), {})
+                    kind = "namespaced" if "/namespaces/" in template else "cluster"
+                    for g, p in _custom_kinds(args, kind, module, local):
+                        out.setdefault(_triple(http, template, g, p), set()).add(where)
+                else:
+                    out.setdefault(_triple(http, template), set()).add(where)
             # A collection the cache lists and watches by its path (the culler's records, the Nodes).
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_lister" \
                     and len(node.args) > 1 and (template := _fstring(node.args[1])) is not None:
