@@ -68,8 +68,8 @@ def test_without_retry_after_the_wait_doubles_and_is_capped() -> None:
 
 
 def test_a_call_the_server_takes_at_once_sets_up_no_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Most requests are never throttled: those are one plain call (the retry machinery, set up for each, cost about
-    a tenth of a write's CPU); a 429 still gets the retries, ATTEMPTS tries in all."""
+    """Most requests are never throttled: those are one plain call (the retry machinery, set up for each, was a share
+    of a write's CPU); a 429 still gets the retries, ATTEMPTS tries in all."""
     made: list[object] = []
     real = backoff.Retrying
 

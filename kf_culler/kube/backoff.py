@@ -56,7 +56,7 @@ def with_backoff(call: Callable[[], T], sleep: Callable[[float], None] | None = 
     the process is stopping): the 429 is raised instead of waiting to send again.
 
     The first try is a plain call: the retry machinery is set up only once the server said 429 (set up for
-    every request, it cost about a tenth of a write's CPU, docs/performance.md)."""
+    every request, it was a share of a write's CPU, docs/performance.md)."""
     try:
         return call()
     except Exception as err:

@@ -149,7 +149,7 @@ def read_cluster_object(api_client: Any, group: str, version: str, plural: str, 
 def patch_object(api_client: Any, group: str, version: str, namespace: str, plural: str, name: str, body: Any,
                  content_type: str, timeout: Timeout = None) -> dict[str, Any]:
     """A merge patch (a dict) or a JSON Patch (a list of operations) of a namespaced object; the object as patched.
-    Through `call`, not the generated CustomObjectsApi, whose checks of every argument (pydantic) and of the
-    answer cost about as much CPU as the rest of the request (docs/performance.md)."""
+    Through `call`, not the generated CustomObjectsApi, whose checks of every argument (pydantic) cost about
+    0.05 ms of CPU a patch of the 0.7 it takes, and whose module holds 1.6 MiB once loaded (docs/performance.md)."""
     return _dict(call(api_client, "PATCH", _object_path(group, version, namespace, plural, name), body,
                       content_type=content_type, timeout=timeout))

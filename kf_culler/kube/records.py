@@ -147,8 +147,9 @@ def texts(configmaps: Iterable[dict[str, Any]], records: Mapping[str, Stored],
         for uid, text in (data.items() if isinstance(data, dict) else ()):
             if uid in records:
                 seen = known.get(uid)
-                same = seen is not None and seen[1] is records[uid] and seen[0] == text
-                out[uid] = seen if same and seen is not None else (text, records[uid])
+                if seen is None or seen[1] is not records[uid] or seen[0] != text:
+                    seen = (text, records[uid])
+                out[uid] = seen
     return out
 
 

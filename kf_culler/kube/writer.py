@@ -69,9 +69,7 @@ class Writer:
         # A 409 means the notebook changed since we read it: re-read it, re-plan from what it is now and
         # patch again at once (the re-read is the wait), at most MAX_CONFLICT_RETRIES times. (A plain loop: a
         # retry library's set-up for every write cost more CPU than the loop, and a write rarely conflicts.)
-        conflicted = False
         for attempt in range(1, MAX_CONFLICT_RETRIES + 2):
-            conflicted = False
             if attempt > 1:  # the previous patch conflicted
                 try:
                     current = with_backoff(lambda: self.get_object(target, ns, name))
@@ -107,13 +105,12 @@ class Writer:
                     result.outcome, result.error = "failed", f"HTTP {err.status}: {err.reason}"
                     return result
                 result.conflicts += 1
-                conflicted = True
                 continue
             except Exception as err:  # connection refused/reset, timeout, TLS: never raise into the pass
                 return _unreachable(result, ns, name, err)
             result.outcome, result.notebook, result.plan = "patched", current, todo
             break
-        if conflicted:  # every try answered 409
+        else:  # no break: every try answered 409
             last = self._guarded(target.kind, ns, name, replan, may_write, result)
             if last is None:
                 result.outcome = "conflict-exhausted"
