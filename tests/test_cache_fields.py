@@ -50,13 +50,17 @@ def test_the_cached_objects_decide_as_the_whole_ones(path: Path) -> None:
     assert cached.to_dict() == whole.to_dict()
 
 
-def test_two_sessions_decoded_from_the_cache_share_their_annotation_keys_and_short_values() -> None:
+def test_two_sessions_decoded_from_the_cache_share_their_annotation_keys_and_short_values(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """What a pass holds of each session it chose (its annotations, from its select phase to its act phase) is
     decoded from the cache's bytes: the keys, and the short values two sessions repeat, are one string each; a
-    time is each session's own."""
+    time is each session's own. (Where interning frees, `fields.INTERN`: the image's Python 3.11.)"""
     import marshal
 
     from kf_culler.local.objects import notebook
+    from kf_culler.targets import fields
+
+    monkeypatch.setattr(fields, "INTERN", True)
 
     stamp = "2026-12-08T00:00:%02dZ"
     a, b = ({**notebook(n), "metadata": {**notebook(n)["metadata"], "annotations": {
@@ -69,3 +73,20 @@ def test_two_sessions_decoded_from_the_cache_share_their_annotation_keys_and_sho
     assert ann_a["notebooks.kubeflow.org/server-type"] is ann_b["notebooks.kubeflow.org/server-type"]
     assert ann_a["notebooks.kubeflow.org/last-activity"] == stamp % 0 and ann_b[
         "notebooks.kubeflow.org/last-activity"] == stamp % 1
+
+
+def test_strings_a_tenant_writes_are_not_interned_where_interning_never_frees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Labels and annotation keys are tenants' strings: kept once only where an interned string is freed with its
+    last reference (Python 3.11, 3.13); where it never is (3.12), a user writing ever new keys would grow the
+    culler's memory for good, so each object keeps its own."""
+    import sys
+
+    from kf_culler.targets import fields
+
+    key = "".join(("team.example.com/", "ever-new-key-0001"))
+    assert fields.shared(key) is sys.intern("".join(("team.example.com/", "ever-new-key-0001"))) or not fields.INTERN
+    monkeypatch.setattr(fields, "INTERN", False)
+    other = "".join(("team.example.com/", "ever-new-key-0002"))
+    kept = fields.shared(other)
+    assert kept is other and sys.intern("".join(("team.example.com/", "ever-new-key-0002"))) is not other
+    assert fields.annotation_strings({other: "jupyter"}) == {other: "jupyter"}

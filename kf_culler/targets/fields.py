@@ -27,9 +27,21 @@ SESSION_META = ("name", "namespace", "uid", "resourceVersion", "generation", "cr
 SHORT = 253  # the longest name; a longer string is not looked for elsewhere
 
 
+def _interning_frees() -> bool:
+    """Whether an interned string is freed with its last reference (Python 3.11 and 3.13; on 3.12 every interned
+    string lives as long as the process)."""
+    probe = sys.intern("".join(("kf-culler:", "interned")))
+    return sys.getrefcount(probe) < 1 << 24
+
+
+# Tenants write the labels and annotations kept once here: where an interned string is never freed, a user who keeps
+# writing new keys would grow the culler's memory for good, so there each object keeps its own strings.
+INTERN = _interning_frees()
+
+
 def shared(value: Any) -> Any:
-    """The one copy of a string many objects repeat."""
-    return sys.intern(value) if type(value) is str and len(value) <= SHORT else value
+    """The one copy of a string many objects repeat (itself where interning never frees, `INTERN`)."""
+    return sys.intern(value) if INTERN and type(value) is str and len(value) <= SHORT else value
 
 
 def strings(value: Any, depth: int = 2) -> Any:
